@@ -1,0 +1,202 @@
+"""`ModelConfig`: the frozen description of one decoder-only LM.
+
+One dataclass covers the families users post-train today; the differences
+between them are a handful of switches:
+
+| family  | switch                                                            |
+|---------|-------------------------------------------------------------------|
+| llama   | optional llama3 RoPE scaling; optional q/k/v/o and MLP biases     |
+| qwen2   | q/k/v bias (no o_proj bias)                                       |
+| qwen3   | per-head RMSNorm on queries and keys (QK-norm) before RoPE         |
+| smollm3 | no RoPE ("NoPE") on the layers listed in `nope_layers`            |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+FAMILIES = ("llama", "qwen2", "qwen3", "smollm3")
+ATTENTION_IMPLS = ("xla", "cudnn", "plain")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+  """RoPE frequency scaling (`rope_scaling` / `rope_parameters` in HF configs).
+
+  Attributes:
+    rope_type: "llama3" (Llama 3.1 / 3.2 wavelength-dependent scaling) or
+      "linear" (all frequencies divided by `factor`).
+    factor: the context-extension factor.
+    low_freq_factor, high_freq_factor, original_max_position_embeddings:
+      llama3 only; wavelengths longer than `original / low_freq_factor` are
+      divided by `factor`, shorter than `original / high_freq_factor` are kept,
+      and the band between is interpolated.
+  """
+
+  rope_type: str
+  factor: float
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+  def __post_init__(self):
+    if self.rope_type not in ("llama3", "linear"):
+      raise ValueError(
+        f"rope_scaling.rope_type={self.rope_type!r} is not supported; use 'llama3' or 'linear'"
+      )
+    if self.factor <= 0:
+      raise ValueError(f"rope_scaling.factor must be positive, got {self.factor}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+  """Architecture and numerics of a decoder-only transformer LM.
+
+  Attributes:
+    family: one of `FAMILIES`; decides the Hugging Face `architectures` name.
+    vocab_size: number of token ids.
+    embed_dim: residual width (HF `hidden_size`).
+    num_layers: decoder blocks.
+    num_heads: query heads.
+    num_kv_heads: key/value heads (grouped-query attention when smaller).
+    head_dim: width of one head.
+    mlp_dim: SwiGLU hidden width (HF `intermediate_size`).
+    rms_norm_eps: epsilon inside every RMSNorm.
+    rope_theta: RoPE base.
+    rope_scaling: optional `RopeScaling`.
+    max_position_embeddings: longest position the model was trained for.
+    tie_embeddings: the output projection reuses the input embedding.
+    qkv_bias: biases on the q/k/v projections (Qwen2).
+    o_bias: bias on the output projection.
+    mlp_bias: biases on the SwiGLU projections.
+    qk_norm: RMSNorm over `head_dim` on queries and keys (Qwen3).
+    nope_layers: indices of layers that skip RoPE (SmolLM3).
+    param_dtype: storage dtype of the parameters.
+    dtype: compute dtype of activations and matmuls (logits are float32).
+    attention_impl: "xla" (`jax.nn.dot_product_attention`, XLA kernel),
+      "cudnn" (the same call forced onto cuDNN flash attention, GPU only) or
+      "plain" (explicit grouped matmuls + softmax; the reference path).
+    bos_token_id, eos_token_ids, pad_token_id: carried through HF round trips.
+  """
+
+  family: str
+  vocab_size: int
+  embed_dim: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10_000.0
+  rope_scaling: RopeScaling | None = None
+  max_position_embeddings: int = 4096
+  tie_embeddings: bool = False
+  qkv_bias: bool = False
+  o_bias: bool = False
+  mlp_bias: bool = False
+  qk_norm: bool = False
+  nope_layers: tuple[int, ...] = ()
+  param_dtype: Any = jnp.float32
+  dtype: Any = jnp.float32
+  attention_impl: str = "xla"
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    # Normalise dtypes given as strings ("bfloat16") so configs stay hashable
+    # and comparable.
+    object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
+    object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+    object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
+    object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+    if isinstance(self.rope_scaling, dict):
+      object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+    if self.family not in FAMILIES:
+      raise ValueError(f"family={self.family!r} is not supported; valid: {FAMILIES}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(
+        f"attention_impl={self.attention_impl!r} is not supported; valid: {ATTENTION_IMPLS}"
+      )
+    for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "mlp_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+        f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    bad = [i for i in self.nope_layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise ValueError(f"nope_layers {bad} are outside [0, num_layers={self.num_layers})")
+    for name in ("param_dtype", "dtype"):
+      if not jnp.issubdtype(getattr(self, name), jnp.floating):
+        raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")
+
+  @property
+  def num_groups(self) -> int:
+    """Query heads per key/value head."""
+    return self.num_heads // self.num_kv_heads
+
+  def uses_rope(self, layer: int) -> bool:
+    return layer not in self.nope_layers
+
+  def replace(self, **changes) -> ModelConfig:
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self) -> int:
+    """Parameter count (embedding counted once when tied)."""
+    d, n, k, h, f, v = (self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim,
+                        self.mlp_dim, self.vocab_size)
+    attn = d * n * h + 2 * d * k * h + n * h * d
+    attn += (n * h + 2 * k * h) * self.qkv_bias + d * self.o_bias + 2 * h * self.qk_norm
+    mlp = 3 * d * f + (2 * f + d) * self.mlp_bias
+    per_layer = attn + mlp + 2 * d
+    return self.num_layers * per_layer + d + v * d * (1 if self.tie_embeddings else 2)
+
+  def flops_per_token(self, context: int) -> float:
+    """Forward FLOPs per token: 2 per matmul weight, plus attention over `context` keys.
+
+    Norms, biases and the softmax are left out (they are not matmuls); the
+    output projection counts once even when tied.
+    """
+    d, n, k, h, f = self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim, self.mlp_dim
+    matmul_weights = self.num_layers * (2 * d * n * h + 2 * d * k * h + 3 * d * f)
+    matmul_weights += self.vocab_size * d
+    attention = 2 * 2 * self.num_layers * n * h * context  # q·k and p·v
+    return 2.0 * matmul_weights + attention
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> np.ndarray:
+  """The `head_dim // 2` RoPE inverse frequencies, with scaling applied.
+
+  inv_freq_i = θ^(−2i/d); llama3 scaling (arXiv 2407.21783) divides low
+  frequencies by `factor`, keeps high ones, and interpolates between them:
+  s = (L_orig / λ − f_low) / (f_high − f_low),  ω' = (1 − s) ω / factor + s ω.
+  Computed in float32, the precision `transformers` uses.
+  """
+  d = config.head_dim
+  inv_freq = (1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32)
+                                           / d))).astype(np.float32)
+  scaling = config.rope_scaling
+  if scaling is None:
+    return inv_freq
+  if scaling.rope_type == "linear":
+    return (inv_freq / scaling.factor).astype(np.float32)
+  old_len = scaling.original_max_position_embeddings
+  low_wavelen = old_len / scaling.low_freq_factor
+  high_wavelen = old_len / scaling.high_freq_factor
+  wavelen = 2 * np.pi / inv_freq
+  scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+  smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+    scaling.high_freq_factor - scaling.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)

@@ -1,0 +1,350 @@
+"""Decoder-only transformer LM in Flax NNX (Llama / Qwen2 / Qwen3 / SmolLM3).
+
+Parameters carry logical axis names (`jaxrl_post.parallel.axes`) in their
+`out_sharding` metadata; activations are constrained by name, which is a no-op
+unless the caller opens `parallel.axis_rules(mesh, rules)`.
+
+Layout choices (measured on XLA:CPU, see docs/benchmarks.md and DESIGN §5):
+  * q/k/v kernels are `[embed, heads, head_dim]`, so projections are single
+    dot_generals and checkpoints map onto them with a reshape.
+  * The KV cache is one buffer per layer, `[batch, kv_heads, length, head_dim]`,
+    written in place with `dynamic_update_slice`; grouped queries then attend
+    with plain batched matmuls.
+  * Layers are unrolled Python loops (no scan), which keeps per-layer cache
+    buffers separate during decoding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_post.models.model_config import ModelConfig, rope_inverse_frequencies
+from jaxrl_post.parallel import axes
+from jaxrl_post.parallel.axes import constrain
+
+# Finite "minus infinity": a row with no visible key gets a uniform softmax
+# instead of NaN (left-padding rows are later masked out anyway).
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_INIT_STD = 0.02  # HF `initializer_range` for all four families.
+
+
+def _param(value: jax.Array, logical_axes: tuple[str, ...]) -> nnx.Param:
+  # eager_sharding=False: the names are metadata for `parallel`, so a model can
+  # be built without a mesh (tests, CPU) and placed later.
+  return nnx.Param(value, out_sharding=logical_axes, eager_sharding=False)
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> jax.Array:
+  return (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer key/value buffers for incremental decoding.
+
+  Attributes:
+    k, v: one `[batch, kv_heads, max_len, head_dim]` array per layer.
+    mask: `bool[batch, max_len]`, True where a slot holds a real token (left
+      padding and unwritten slots are False).
+    index: `int32[]`, the next slot to write. All rows write the same slot;
+      per-row positions come from the caller, which is what makes left-padded
+      batches work.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  mask: jax.Array
+  index: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.mask.shape[1]
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x²) + ε) · scale, normalised in float32."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype, logical_axis: str = axes.NORM):
+    self.scale = _param(jnp.ones((dim,), param_dtype), (logical_axis,))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(dtype) * y.astype(dtype)
+
+
+def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+  """Rotary embedding, half-split convention of `transformers` (rotate_half).
+
+  Args:
+    x: `[batch, time, heads, head_dim]`.
+    sin, cos: `[batch, time, head_dim // 2]` float32.
+  """
+  half = x.shape[-1] // 2
+  x1, x2 = x[..., :half], x[..., half:]
+  sin = sin[:, :, None, :].astype(x.dtype)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def plain_attention(q, k, v, mask, scale):
+  """Reference grouped-query attention with explicit matmuls.
+
+  Args:
+    q: `[batch, time, heads, head_dim]`.
+    k, v: `[batch, kv_heads, length, head_dim]`.
+    mask: `bool[batch, time, length]`.
+    scale: logit scale, head_dim^-1/2.
+
+  Returns:
+    `[batch, time, heads, head_dim]`. Query head n uses kv head n // groups,
+    the order of `transformers`' `repeat_kv`.
+  """
+  b, t, n, h = q.shape
+  kv, s = k.shape[1], k.shape[2]
+  g = n // kv
+  # Fold the query groups into the row dimension: [b, kv, g * t, h]. Plain
+  # batched matmuls over (b, kv) are what XLA:CPU runs fastest.
+  q = q.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
+  logits = jnp.einsum("bkqh,bksh->bkqs", q, k, preferred_element_type=jnp.float32) * scale
+  logits = jnp.where(mask[:, None, None], logits.reshape(b, kv, g, t, s), _MASK_VALUE)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
+  out = jnp.einsum("bkqs,bksh->bkqh", probs, v)
+  return out.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def library_attention(q, k, v, mask, scale, implementation=None):
+  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU)."""
+  return jax.nn.dot_product_attention(
+    q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask[:, None], scale=scale,
+    implementation=implementation)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with optional QK-norm, biases and RoPE."""
+
+  def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+    c = config
+    d, n, k, h, pdt = c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.param_dtype
+    self.config = c
+    self.use_rope = c.uses_rope(layer)
+    self.q_proj = _param(_normal(rngs, (d, n, h), pdt), (axes.EMBED, axes.HEADS, axes.HEAD_DIM))
+    self.k_proj = _param(_normal(rngs, (d, k, h), pdt), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM))
+    self.v_proj = _param(_normal(rngs, (d, k, h), pdt), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM))
+    self.o_proj = _param(_normal(rngs, (n, h, d), pdt), (axes.HEADS, axes.HEAD_DIM, axes.EMBED))
+    if c.qkv_bias:
+      self.q_bias = _param(jnp.zeros((n, h), pdt), (axes.HEADS, axes.HEAD_DIM))
+      self.k_bias = _param(jnp.zeros((k, h), pdt), (axes.KV_HEADS, axes.HEAD_DIM))
+      self.v_bias = _param(jnp.zeros((k, h), pdt), (axes.KV_HEADS, axes.HEAD_DIM))
+    else:
+      self.q_bias = self.k_bias = self.v_bias = None
+    self.o_bias = _param(jnp.zeros((d,), pdt), (axes.EMBED,)) if c.o_bias else None
+    if c.qk_norm:
+      self.q_norm = RMSNorm(h, eps=c.rms_norm_eps, param_dtype=pdt, logical_axis=axes.HEAD_DIM)
+      self.k_norm = RMSNorm(h, eps=c.rms_norm_eps, param_dtype=pdt, logical_axis=axes.HEAD_DIM)
+    else:
+      self.q_norm = self.k_norm = None
+
+  def _project(self, x, kernel, bias):
+    y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(x.dtype))
+    return y if bias is None else y + bias[...].astype(x.dtype)
+
+  def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None):
+    """Args: x `[b, t, d]`; sin/cos `[b, t, h/2]`; mask `bool[b, t, s]`;
+    cache_kv: optional `(k, v)` buffers `[b, kv, s, h]` written at
+    `cache_index`. Returns `(out [b, t, d], (k, v) or None)`."""
+    c = self.config
+    q = self._project(x, self.q_proj, self.q_bias)
+    k = self._project(x, self.k_proj, self.k_bias)
+    v = self._project(x, self.v_proj, self.v_bias)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if self.use_rope:
+      q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+    q = constrain(q, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM))
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, kv, t, h]
+    new_kv = None
+    if cache_kv is not None:
+      cache_k, cache_v = cache_kv
+      start = (0, 0, cache_index, 0)
+      k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
+      v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+      cache_axes = (axes.BATCH, axes.KV_HEADS, axes.CACHE_LENGTH, axes.HEAD_DIM)
+      k, v = constrain(k, cache_axes), constrain(v, cache_axes)
+      new_kv = (k, v)
+      k, v = k.astype(x.dtype), v.astype(x.dtype)
+    scale = c.head_dim**-0.5
+    if c.attention_impl == "plain":
+      out = plain_attention(q, k, v, mask, scale)
+    else:
+      impl = "cudnn" if c.attention_impl == "cudnn" else None
+      out = library_attention(q, k, v, mask, scale, implementation=impl)
+    out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
+    if self.o_bias is not None:
+      out = out + self.o_bias[...].astype(x.dtype)
+    return out, new_kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) · up(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    d, f, pdt = config.embed_dim, config.mlp_dim, config.param_dtype
+    self.gate_proj = _param(_normal(rngs, (d, f), pdt), (axes.EMBED, axes.MLP))
+    self.up_proj = _param(_normal(rngs, (d, f), pdt), (axes.EMBED, axes.MLP))
+    self.down_proj = _param(_normal(rngs, (f, d), pdt), (axes.MLP, axes.EMBED))
+    if config.mlp_bias:
+      self.gate_bias = _param(jnp.zeros((f,), pdt), (axes.MLP,))
+      self.up_bias = _param(jnp.zeros((f,), pdt), (axes.MLP,))
+      self.down_bias = _param(jnp.zeros((d,), pdt), (axes.EMBED,))
+    else:
+      self.gate_bias = self.up_bias = self.down_bias = None
+
+  @staticmethod
+  def _dense(x, kernel, bias):
+    y = x @ kernel[...].astype(x.dtype)
+    return y if bias is None else y + bias[...].astype(x.dtype)
+
+  def __call__(self, x):
+    gate = self._dense(x, self.gate_proj, self.gate_bias)
+    up = self._dense(x, self.up_proj, self.up_bias)
+    hidden = constrain(jax.nn.silu(gate) * up, (axes.BATCH, axes.LENGTH, axes.MLP))
+    return self._dense(hidden, self.down_proj, self.down_bias)
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+    kw = dict(eps=config.rms_norm_eps, param_dtype=config.param_dtype)
+    self.input_norm = RMSNorm(config.embed_dim, **kw)
+    self.attn = Attention(config, layer, rngs=rngs)
+    self.post_attn_norm = RMSNorm(config.embed_dim, **kw)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, **attn_kwargs):
+    h, new_kv = self.attn(self.input_norm(x), **attn_kwargs)
+    x = x + h
+    x = x + self.mlp(self.post_attn_norm(x))
+    return constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED)), new_kv
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_frequencies(config: ModelConfig) -> np.ndarray:
+  return rope_inverse_frequencies(config)
+
+
+def default_positions(attention_mask: jax.Array) -> jax.Array:
+  """Positions of a left-padded batch: 0 at each row's first real token."""
+  return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class CausalLM(nnx.Module):
+  """Decoder-only LM: `model(tokens) -> logits` and cached incremental decoding.
+
+  Example:
+    >>> from jaxrl_post.models import CausalLM, get_model_config
+    >>> model = CausalLM(get_model_config("tiny"), rngs=nnx.Rngs(0))
+    >>> model(jnp.zeros((2, 5), jnp.int32)).shape
+    (2, 5, 256)
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    c = config
+    self.embed = _param(_normal(rngs, (c.vocab_size, c.embed_dim), c.param_dtype),
+                        (axes.VOCAB, axes.EMBED))
+    self.layers = nnx.List([DecoderLayer(c, i, rngs=rngs) for i in range(c.num_layers)])
+    self.final_norm = RMSNorm(c.embed_dim, eps=c.rms_norm_eps, param_dtype=c.param_dtype)
+    if c.tie_embeddings:
+      self.lm_head = None
+    else:
+      self.lm_head = _param(_normal(rngs, (c.embed_dim, c.vocab_size), c.param_dtype),
+                            (axes.EMBED, axes.VOCAB))
+
+  def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache for `batch` rows of up to `max_len` tokens (prompt included)."""
+    c = self.config
+    dtype = c.dtype if dtype is None else dtype
+    shape = (batch, c.num_kv_heads, max_len, c.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers))
+    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers)),
+                   mask=jnp.zeros((batch, max_len), jnp.bool_), index=jnp.zeros((), jnp.int32))
+
+  def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+               attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+               return_hidden: bool = False):
+    """Runs the LM.
+
+    Args:
+      tokens: `int32[batch, time]`.
+      positions: `int32[batch, time]` RoPE positions; by default counted from
+        each row's first unmasked token (left padding). Required with `cache`.
+      attention_mask: `bool[batch, time]`, False on padding; default all True.
+      cache: if given, the new keys/values are written at `cache.index` and the
+        queries attend to everything the cache holds.
+      return_hidden: also return the final normalised hidden states.
+
+    Returns:
+      `float32[batch, time, vocab]` logits; with a cache, `(logits, new_cache)`;
+      with `return_hidden`, the hidden states `[batch, time, embed]` are
+      appended to the returned tuple.
+    """
+    c = self.config
+    b, t = tokens.shape
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, t), jnp.bool_)
+    attention_mask = attention_mask.astype(jnp.bool_)
+    if positions is None:
+      if cache is not None:
+        raise ValueError("positions are required when decoding with a cache")
+      positions = default_positions(attention_mask)
+
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
+    x = constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED))
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(_inverse_frequencies(c))
+    sin, cos = jnp.sin(angles), jnp.cos(angles)
+
+    if cache is None:
+      causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
+      mask = attention_mask[:, None, :] & causal[None]
+      kv_mask = None
+    else:
+      kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+      key_slots = jnp.arange(cache.max_len)
+      query_slots = cache.index + jnp.arange(t)
+      mask = kv_mask[:, None, :] & (key_slots[None, None, :] <= query_slots[None, :, None])
+
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      kwargs = dict(sin=sin, cos=cos, mask=mask)
+      if cache is not None:
+        kwargs.update(cache_kv=(cache.k[i], cache.v[i]), cache_index=cache.index)
+      x, kv = layer(x, **kwargs)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+
+    hidden = self.final_norm(x)
+    if self.lm_head is None:
+      logits = jnp.einsum("btd,vd->btv", hidden, self.embed[...].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("btd,dv->btv", hidden, self.lm_head[...].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    logits = constrain(logits.astype(jnp.float32), (axes.BATCH, axes.LENGTH, axes.VOCAB))
+
+    outputs = (logits,)
+    if cache is not None:
+      outputs += (KVCache(k=tuple(new_k), v=tuple(new_v), mask=kv_mask, index=cache.index + t),)
+    if return_hidden:
+      outputs += (hidden,)
+    return outputs[0] if len(outputs) == 1 else outputs

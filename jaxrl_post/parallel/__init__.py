@@ -1,0 +1,19 @@
+"""Meshes, logical-axis rules and sharding helpers."""
+
+from jaxrl_post.parallel.axes import (
+  DEFAULT_RULES,
+  axis_rules,
+  constrain,
+  current_rules,
+  logical_sharding,
+  logical_to_spec,
+)
+
+__all__ = [
+  "DEFAULT_RULES",
+  "axis_rules",
+  "constrain",
+  "current_rules",
+  "logical_sharding",
+  "logical_to_spec",
+]

@@ -1,0 +1,49 @@
+"""Installs jaxrl_post: `pip install -e .` (add `[test]` for the test suite)."""
+
+import setuptools
+
+_RUNTIME = [
+    "jax>=0.6",
+    "flax>=0.11",
+    "optax",
+    "orbax-checkpoint",
+    "chex",
+    "tensorflow-datasets",
+    "array-record",
+    "grain",
+    "einops",
+    "absl-py",
+    "ml-collections",
+    "numpy",
+    "safetensors",
+    "tokenizers",
+    "tqdm",
+    "tensorboardX",
+    "matplotlib",
+]
+
+_TEST = [
+    "pytest",
+    "pytest-xdist",
+    "scipy",
+    # Pinned so that pip takes the CPU wheel; see README ("Installing torch").
+    "torch==2.13.0",
+    "transformers",
+    "nbclient",
+    "ipykernel",
+    "ruff",
+]
+
+setuptools.setup(
+    name="jaxrl_post",
+    version="0.1.0",
+    description="RL post-training of language models in JAX / Flax NNX.",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["jaxrl_post", "jaxrl_post.*"]),
+    install_requires=_RUNTIME,
+    extras_require={
+        "test": _TEST,
+        "gpu": ["jax[cuda12]"],
+        "tpu": ["jax[tpu]"],
+    },
+)

@@ -1,0 +1,220 @@
+"""CausalLM: KV-cache equivalence, attention paths, dtypes, sharding, configs."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_post import parallel
+from jaxrl_post.models import CausalLM, ModelConfig, default_positions, get_model_config
+from jaxrl_post.models.configs import MODEL_PRESETS
+
+FAMILY_OVERRIDES = {
+  "llama": dict(family="llama", o_bias=True, qkv_bias=True, mlp_bias=True,
+                rope_scaling=dict(rope_type="llama3", factor=8.0,
+                                  original_max_position_embeddings=16)),
+  "qwen2": dict(family="qwen2", qkv_bias=True, tie_embeddings=True),
+  "qwen3": dict(family="qwen3", qk_norm=True, head_dim=24),
+  "smollm3": dict(family="smollm3", nope_layers=(1,), tie_embeddings=True),
+}
+
+
+def _randomize(model: CausalLM, seed: int = 0) -> CausalLM:
+  """Perturbs every parameter (norm scales and biases too), so that a wrong
+  mapping of any tensor shows up in the logits."""
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  leaves = [x + 0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+
+
+@nnx.jit
+def _forward(model, tokens, mask=None, positions=None):
+  # Jitted: eager mode would compile every primitive separately (much slower).
+  return model(tokens, attention_mask=mask, positions=positions)
+
+
+def _model(family: str, **kw) -> CausalLM:
+  config = get_model_config("tiny", **(FAMILY_OVERRIDES[family] | kw))
+  return _randomize(CausalLM(config, rngs=nnx.Rngs(1)))
+
+
+def _left_padded_batch(rng, batch=3, length=12, vocab=256):
+  tokens = rng.randint(0, vocab, (batch, length)).astype(np.int32)
+  mask = np.ones((batch, length), bool)
+  mask[1, :4] = False  # row 1 has 4 pad tokens, row 2 has 7
+  mask[2, :7] = False
+  tokens[~mask] = 0
+  return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_OVERRIDES))
+def test_prefill_plus_decode_equals_full_forward(family):
+  model = _model(family)
+  prompt_len, steps = 8, 6
+  tokens, mask = _left_padded_batch(np.random.RandomState(0), length=prompt_len + steps)
+  mask = mask.at[:, prompt_len:].set(True)
+  positions = default_positions(mask)
+  full = _forward(model, tokens, mask)
+
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def step(state, cache, tokens, positions, mask):
+    return nnx.merge(graphdef, state)(tokens, positions=positions, attention_mask=mask,
+                                      cache=cache)
+
+  cache = model.init_cache(tokens.shape[0], prompt_len + steps + 2)
+  logits, cache = step(state, cache, tokens[:, :prompt_len], positions[:, :prompt_len],
+                       mask[:, :prompt_len])
+  pieces = [logits]
+  for i in range(prompt_len, prompt_len + steps):
+    logits, cache = step(state, cache, tokens[:, i:i + 1], positions[:, i:i + 1],
+                         mask[:, i:i + 1])
+    pieces.append(logits)
+  cached = jnp.concatenate(pieces, axis=1)
+  valid = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(cached)[valid], np.asarray(full)[valid], atol=1e-5)
+  assert int(cache.index) == prompt_len + steps
+  # One compile for the prefill shape and one for the decode shape, no more.
+  assert step._cache_size() == 2
+
+
+def test_left_padding_does_not_change_real_tokens():
+  """A left-padded row gives the logits of the same row without padding."""
+  model = _model("qwen3")
+  tokens, mask = _left_padded_batch(np.random.RandomState(1))
+  padded = _forward(model, tokens, mask)
+  unpadded = _forward(model, tokens[2:, 7:])
+  np.testing.assert_allclose(padded[2, 7:], unpadded[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_OVERRIDES))
+def test_attention_paths_agree(family):
+  """jax.nn.dot_product_attention (xla) and the plain reference path."""
+  tokens, mask = _left_padded_batch(np.random.RandomState(2))
+  xla = _forward(_model(family, attention_impl="xla"), tokens, mask)
+  plain = _forward(_model(family, attention_impl="plain"), tokens, mask)
+  valid = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(xla)[valid], np.asarray(plain)[valid], atol=1e-5)
+
+
+def test_nope_layers_ignore_positions():
+  """NoPE layers see no positions at all; RoPE layers do."""
+  config = get_model_config("tiny", family="smollm3", num_layers=1, nope_layers=(0,))
+  model = _randomize(CausalLM(config, rngs=nnx.Rngs(0)))
+  tokens = jnp.arange(6, dtype=jnp.int32)[None]
+  a = _forward(model, tokens, positions=jnp.arange(6)[None])
+  b = _forward(model, tokens, positions=jnp.array([[0, 5, 9, 11, 40, 41]]))
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  rope_model = _randomize(CausalLM(config.replace(nope_layers=()), rngs=nnx.Rngs(0)))
+  c = _forward(rope_model, tokens, positions=jnp.arange(6)[None])
+  d = _forward(rope_model, tokens, positions=jnp.array([[0, 5, 9, 11, 40, 41]]))
+  assert np.abs(np.asarray(c - d)).max() > 1e-3
+
+
+def test_bfloat16_compute_tracks_float32():
+  model32 = _model("llama")
+  config16 = model32.config.replace(param_dtype="bfloat16", dtype="bfloat16")
+  graphdef, state = nnx.split(model32)
+  model16 = nnx.merge(nnx.split(CausalLM(config16, rngs=nnx.Rngs(0)))[0],
+                      jax.tree.map(lambda x: x.astype(jnp.bfloat16), state))
+  tokens, mask = _left_padded_batch(np.random.RandomState(3))
+  logits16 = _forward(model16, tokens, mask)
+  assert logits16.dtype == jnp.float32  # logits are always float32
+  assert model16.layers[0].attn.q_proj[...].dtype == jnp.bfloat16
+  logits32 = _forward(model32, tokens, mask)
+  valid = np.asarray(mask)
+  err = np.abs(np.asarray(logits16 - logits32))[valid].max()
+  assert err < 0.1, err
+
+
+def test_gradients_are_finite_and_nonzero():
+  model = _model("qwen3")
+  tokens, mask = _left_padded_batch(np.random.RandomState(4))
+
+  def loss_fn(model):
+    logp = jax.nn.log_softmax(model(tokens, attention_mask=mask))
+    return -jnp.mean(jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1))
+
+  grads = nnx.jit(nnx.grad(loss_fn))(model)
+  leaves = jax.tree.leaves(grads)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
+  assert all(float(jnp.abs(g).max()) > 0 for g in leaves)
+
+
+def test_every_parameter_has_logical_axes():
+  for family in FAMILY_OVERRIDES:
+    model = _model(family)
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+      names = variable.get_metadata().get("out_sharding")
+      assert names is not None and len(names) == variable.get_value().ndim, path
+
+
+def test_sharded_forward_matches_single_device():
+  """Parameters sharded by their logical axes over data × fsdp × tensor."""
+  chex.assert_trees_all_equal(len(jax.devices()) >= 8, True)
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  model = _model("qwen3")
+  tokens, mask = _left_padded_batch(np.random.RandomState(5), batch=4)
+  expected = _forward(model, tokens, mask)
+  graphdef, state = nnx.split(model)
+  specs = nnx.get_partition_spec(state)
+  shardings = jax.tree.map(
+    lambda spec: parallel.logical_sharding(tuple(spec), mesh), specs,
+    is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  state = jax.device_put(state, shardings)
+  q_proj = state["layers"][0]["attn"]["q_proj"].get_value()
+  assert q_proj.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+
+  @jax.jit
+  def forward(state, tokens, mask):
+    with parallel.axis_rules(mesh):
+      return nnx.merge(graphdef, state)(tokens, attention_mask=mask)
+
+  logits = forward(state, tokens, mask)
+  assert logits.sharding.spec[0] == ("data", "fsdp")
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), atol=1e-5)
+
+
+def test_presets_build_and_count_parameters():
+  # Published sizes: Qwen3-0.6B ≈ 0.60B, Llama-3.1-8B ≈ 8.03B, SmolLM3-3B ≈ 3.08B.
+  assert get_model_config("qwen3_0p6b").num_params() == 596_049_920
+  assert get_model_config("llama3p1_8b").num_params() == 8_030_261_248
+  assert round(get_model_config("smollm3_3b").num_params() / 1e9, 2) == 3.08
+  assert 1e6 < get_model_config("small").num_params() < 1e7
+  for name in MODEL_PRESETS:
+    config = get_model_config(name, num_layers=1, vocab_size=64)
+    abstract = nnx.eval_shape(lambda c=config: CausalLM(c, rngs=nnx.Rngs(0)))
+    assert abstract.config.family in ("llama", "qwen2", "qwen3", "smollm3")
+
+
+@pytest.mark.parametrize("bad, message", [
+  (dict(num_heads=6, num_kv_heads=4), "not a multiple of num_kv_heads"),
+  (dict(family="gpt2"), "family='gpt2' is not supported"),
+  (dict(attention_impl="flash"), "attention_impl='flash'"),
+  (dict(nope_layers=(7,)), r"nope_layers \[7\]"),
+  (dict(head_dim=15), "must be even"),
+  (dict(dtype="int32"), "floating dtype"),
+  (dict(rope_scaling=dict(rope_type="yarn", factor=2.0)), "rope_type='yarn'"),
+])
+def test_config_errors_name_the_field(bad, message):
+  with pytest.raises(ValueError, match=message):
+    get_model_config("tiny", **bad)
+
+
+def test_unknown_preset_lists_valid_names():
+  with pytest.raises(KeyError, match="qwen3_0p6b"):
+    get_model_config("qwen4_tiny")
+
+
+def test_model_config_is_hashable_and_frozen():
+  config = get_model_config("small")
+  assert hash(config) == hash(get_model_config("small"))
+  with pytest.raises(Exception):
+    config.num_layers = 3  # type: ignore[misc]
+  assert isinstance(config, ModelConfig)
