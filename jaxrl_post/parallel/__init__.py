@@ -7,6 +7,7 @@ from jaxrl_post.parallel.axes import (
   current_rules,
   logical_sharding,
   logical_to_spec,
+  state_shardings,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
   "current_rules",
   "logical_sharding",
   "logical_to_spec",
+  "state_shardings",
 ]

@@ -154,3 +154,19 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   if x.ndim != len(logical_axes):
     raise ValueError(f"array of rank {x.ndim} constrained with {len(logical_axes)} axis names")
   return jax.lax.with_sharding_constraint(x, logical_sharding(logical_axes, mesh, rules))
+
+
+def state_shardings(state, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """`NamedSharding`s for an `nnx.State` whose variables carry `out_sharding` names.
+
+  Use with `jax.device_put(state, state_shardings(state, mesh))`, or as the
+  `out_shardings` of a jitted initialiser (the state may be abstract, from
+  `nnx.eval_shape`). Dimensions a mesh axis does not divide are replicated.
+  """
+  from flax import nnx  # Local import: the axis-rule helpers need no Flax.
+
+  def one(variable):
+    names = variable.get_metadata().get("out_sharding") or (None,) * variable.get_value().ndim
+    return variable.replace(logical_sharding(names, mesh, rules, variable.get_value().shape))
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -163,11 +163,7 @@ def test_sharded_forward_matches_single_device():
   tokens, mask = _left_padded_batch(np.random.RandomState(5), batch=4)
   expected = _forward(model, tokens, mask)
   graphdef, state = nnx.split(model)
-  specs = nnx.get_partition_spec(state)
-  shardings = jax.tree.map(
-    lambda spec: parallel.logical_sharding(tuple(spec), mesh), specs,
-    is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  state = jax.device_put(state, shardings)
+  state = jax.device_put(state, parallel.state_shardings(state, mesh))
   q_proj = state["layers"][0]["attn"]["q_proj"].get_value()
   assert q_proj.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
 

@@ -1,0 +1,246 @@
+"""Pure, jittable sampling kernels: token selection, prefill, decode, scoring.
+
+The Python `Sampler` (sampler.py) wraps these with bucketing and jit; they
+are usable on their own with any `CausalLM` graphdef + state:
+
+  prefill(graphdef, state, tokens, mask, cache_len, n) -> PrefillOutput
+  decode(graphdef, state, prefill_output, rng, ...)    -> DecodeOutput
+  score(graphdef, state, prompt, prompt_mask, completion, completion_mask)
+
+Log-probabilities everywhere are `log_softmax(logits / temperature)` over the
+full vocabulary. Top-k / top-p change which tokens can be *drawn*, not the
+recorded log-probs: the recorded value is what the trainer recomputes with
+`score` at the same temperature, so sampler and trainer agree exactly; the
+truncation is a (small, usually ignored) bias of the behaviour policy, the
+convention of Tunix, vLLM and TRL.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_post.models.transformer import KVCache, default_positions
+from jaxrl_post.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+
+
+def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p: jax.Array | float = 1.0):
+  """Masks logits outside the top-k and the top-p nucleus to -inf.
+
+  Args:
+    logits: `[..., vocab]` (already divided by the temperature).
+    top_k: keep the k largest logits; 0 keeps all. Static.
+    top_p: keep the smallest set of most likely tokens whose probability sum
+      reaches `top_p` (the most likely token is always kept); 1.0 keeps all.
+
+  Returns:
+    Logits of the same shape with dropped entries at -inf.
+
+  Example:
+    >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+    >>> jnp.isfinite(filter_logits(logits, top_p=0.75)).tolist()
+    [True, True, False, False]
+  """
+  neg_inf = jnp.array(-jnp.inf, logits.dtype)
+  if top_k:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, neg_inf, logits)
+  # Nucleus: sort descending, keep a token if the mass *before* it is < p.
+  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep_sorted = mass_before < top_p
+  # The smallest kept logit is the threshold (ties at the threshold are kept).
+  threshold = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logits < threshold, neg_inf, logits)
+
+
+class TokenChoice(NamedTuple):
+  token: jax.Array  # int32[batch]
+  logp: jax.Array  # float32[batch], full-vocabulary log-prob at the temperature
+  topk_ids: jax.Array | None  # int32[batch, K]
+  topk_logp: jax.Array | None  # float32[batch, K]
+
+
+def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature, top_k: int, top_p,
+                  greedy: bool, num_logprobs: int) -> TokenChoice:
+  """Draws one token per row from `logits` `[batch, vocab]`."""
+  scaled = logits.astype(jnp.float32) / temperature
+  logp_all = jax.nn.log_softmax(scaled, axis=-1)
+  if greedy:
+    token = jnp.argmax(scaled, axis=-1)
+  else:
+    token = jax.random.categorical(rng, filter_logits(scaled, top_k=top_k, top_p=top_p))
+  token = token.astype(jnp.int32)
+  logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+  topk_ids = topk_logp = None
+  if num_logprobs:
+    topk_logp, topk_ids = jax.lax.top_k(logp_all, num_logprobs)
+    topk_ids = topk_ids.astype(jnp.int32)
+  return TokenChoice(token, logp, topk_ids, topk_logp)
+
+
+class PrefillOutput(NamedTuple):
+  logits: jax.Array  # float32[batch * n, vocab], next-token logits after the prompt
+  positions: jax.Array  # int32[batch * n], position of the first generated token
+  cache: KVCache
+
+
+def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int) -> PrefillOutput:
+  """Runs the prompts once and replicates the cache for `num_samples` per prompt.
+
+  Args:
+    graphdef, state: `nnx.split(model)` of a `CausalLM`.
+    tokens: `int32[batch, prompt_len]` left-padded prompts; `mask` their mask.
+    cache_len: cache slots, at least prompt_len + max_new_tokens.
+    num_samples: n; rows of prompt p become rows p·n ... p·n + n − 1.
+  """
+  model = nnx.merge(graphdef, state)
+  cache = model.init_cache(tokens.shape[0], cache_len)
+  positions = default_positions(mask)
+  logits, cache = model(tokens, positions=positions, attention_mask=mask, cache=cache)
+  next_positions = positions[:, -1] + 1
+  last = logits[:, -1]
+  if num_samples > 1:
+    repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
+    # Copying the cache n times is cheaper than prefilling n copies of the
+    # prompt: it moves bytes instead of running the model.
+    cache = KVCache(k=tuple(map(repeat, cache.k)), v=tuple(map(repeat, cache.v)),
+                    mask=repeat(cache.mask), index=cache.index)
+    last, next_positions = repeat(last), repeat(next_positions)
+  return PrefillOutput(last, next_positions, cache)
+
+
+class DecodeOutput(NamedTuple):
+  tokens: jax.Array  # int32[batch, max_new_tokens], pad after the end
+  mask: jax.Array  # bool[batch, max_new_tokens]
+  logp: jax.Array  # float32[batch, max_new_tokens]
+  finish_reason: jax.Array  # int32[batch]
+  topk_ids: jax.Array | None
+  topk_logp: jax.Array | None
+  steps: jax.Array  # int32[], decode steps actually run (early exit)
+  cache: KVCache  # the final cache; returned so a donated input cache can alias it
+
+
+def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, eos_ids,
+           stop_ids, pad_id: int, temperature, top_p, top_k: int, greedy: bool,
+           num_logprobs: int) -> DecodeOutput:
+  """Samples up to `max_new_tokens` per row with a `lax.while_loop`.
+
+  The loop stops as soon as every row has finished. Step i draws with key
+  `fold_in(rng, i)`, so results do not depend on how many steps ran before an
+  early exit.
+
+  Args:
+    graphdef, state: the model.
+    start: `prefill` output. Donate its cache: the returned cache aliases it.
+    rng: PRNG key.
+    max_new_tokens: static budget.
+    eos_ids, stop_ids: `int32[k]` token ids that end a row (−1 entries are
+      ignored), reported as FINISH_EOS / FINISH_STOP.
+    pad_id: written after a row's end.
+    temperature, top_p: scalars; top_k, greedy, num_logprobs: static.
+  """
+  model = nnx.merge(graphdef, state)
+  batch = start.logits.shape[0]
+  k = num_logprobs
+  choose = lambda logits, i: choose_tokens(  # noqa: E731
+    logits, jax.random.fold_in(rng, i), temperature=temperature, top_k=top_k, top_p=top_p,
+    greedy=greedy, num_logprobs=k)
+
+  def record(carry, i, choice):
+    tokens, mask, logp, topk_ids, topk_logp, done, finish = carry[:7]
+    alive = ~done
+    token = jnp.where(alive, choice.token, pad_id)
+    tokens = tokens.at[:, i].set(token)
+    mask = mask.at[:, i].set(alive)
+    logp = logp.at[:, i].set(jnp.where(alive, choice.logp, 0.0))
+    if k:
+      topk_ids = topk_ids.at[:, i].set(jnp.where(alive[:, None], choice.topk_ids, pad_id))
+      topk_logp = topk_logp.at[:, i].set(jnp.where(alive[:, None], choice.topk_logp, 0.0))
+    is_eos = jnp.any(choice.token[:, None] == eos_ids[None, :], axis=-1) & alive
+    is_stop = jnp.any(choice.token[:, None] == stop_ids[None, :], axis=-1) & alive & ~is_eos
+    finish = jnp.where(is_eos, FINISH_EOS, jnp.where(is_stop, FINISH_STOP, finish))
+    done = done | is_eos | is_stop
+    return tokens, mask, logp, topk_ids, topk_logp, done, finish
+
+  tokens = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
+  mask = jnp.zeros((batch, max_new_tokens), jnp.bool_)
+  logp = jnp.zeros((batch, max_new_tokens), jnp.float32)
+  topk_ids = jnp.full((batch, max_new_tokens, k), pad_id, jnp.int32) if k else None
+  topk_logp = jnp.zeros((batch, max_new_tokens, k), jnp.float32) if k else None
+  done = jnp.zeros((batch,), jnp.bool_)
+  finish = jnp.full((batch,), FINISH_LENGTH, jnp.int32)
+  carry = record((tokens, mask, logp, topk_ids, topk_logp, done, finish), 0,
+                 choose(start.logits, 0))
+
+  def cond(loop):
+    i, carry, _, _ = loop
+    return (i < max_new_tokens) & ~jnp.all(carry[5])
+
+  def body(loop):
+    i, carry, positions, cache = loop
+    previous = carry[0][:, i - 1]
+    logits, cache = model(previous[:, None], positions=positions[:, None], cache=cache)
+    carry = record(carry, i, choose(logits[:, 0], i))
+    return i + 1, carry, positions + 1, cache
+
+  steps, carry, _, cache = jax.lax.while_loop(
+    cond, body, (jnp.int32(1), carry, start.positions, start.cache))
+  tokens, mask, logp, topk_ids, topk_logp, _, finish = carry
+  return DecodeOutput(tokens, mask, logp, finish, topk_ids, topk_logp, steps, cache)
+
+
+class ScoreOutput(NamedTuple):
+  logp: jax.Array  # float32[batch, time], 0 where the completion mask is False
+  entropy: jax.Array  # float32[batch, time], full-vocabulary entropy
+  topk_ids: jax.Array | None  # int32[batch, time, K]
+  topk_logp: jax.Array | None  # float32[batch, time, K]
+
+
+def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mask: jax.Array, *,
+                 temperature=1.0, top_k: int = 0) -> ScoreOutput:
+  """Log-probs, entropies and top-K of completions from the logits predicting them.
+
+  Args:
+    logits: `[batch, time, vocab]`, where `logits[:, t]` predicts
+      `completion_tokens[:, t]`.
+  """
+  logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+  logp = jnp.take_along_axis(logp_all, completion_tokens[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  logp = jnp.where(completion_mask, logp, 0.0)
+  entropy = jnp.where(completion_mask, entropy, 0.0)
+  topk_ids = topk_logp = None
+  if top_k:
+    topk_logp, topk_ids = jax.lax.top_k(logp_all, top_k)
+    topk_ids = topk_ids.astype(jnp.int32)
+  return ScoreOutput(logp, entropy, topk_ids, topk_logp)
+
+
+def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
+          temperature=1.0, top_k: int = 0) -> ScoreOutput:
+  """Teacher-forced log-probs of given completions: one forward over prompt + completion.
+
+  The trainer (current and old policy), the reference model and teachers all
+  use this function, so every log-prob in the system is computed one way.
+
+  Args:
+    graphdef, state: the model.
+    prompt_tokens, prompt_mask: `[batch, prompt_len]`, left-padded.
+    completion_tokens, completion_mask: `[batch, time]`, right-padded.
+    temperature: divides the logits (use the sampling temperature).
+    top_k: also return the K most likely ids and log-probs per position.
+  """
+  model = nnx.merge(graphdef, state)
+  prompt_len = prompt_tokens.shape[1]
+  tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
+  mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.bool_)
+  logits = model(tokens, attention_mask=mask)
+  # Position prompt_len - 1 + t predicts completion token t.
+  logits = logits[:, prompt_len - 1:-1]
+  return score_logits(logits, completion_tokens, completion_mask, temperature=temperature,
+                      top_k=top_k)

@@ -1,0 +1,276 @@
+"""`Sampler`: the Python side of generation — bucketing, padding, jit, bookkeeping.
+
+  sampler = Sampler(model, tokenizer)              # or Sampler(model) with token-id prompts
+  rollout = sampler.generate(state, ["12+7=", "3*4="], n_samples_per_prompt=8,
+                             max_new_tokens=64, temperature=1.0, rng=jax.random.key(0))
+  scored = sampler.score(state, rollout.prompt_tokens, rollout.prompt_mask,
+                         rollout.completion_tokens, rollout.completion_mask)
+
+Prompt lengths and prompt counts are padded up to a few static buckets
+(powers of two by default), so a training run compiles the prefill and
+decode kernels once per bucket it meets, not once per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from jaxrl_post.models.transformer import CausalLM
+from jaxrl_post.parallel import axes
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules, logical_to_spec
+from jaxrl_post.sampling import kernels
+from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
+
+_MAX_END_IDS = 8  # eos / stop ids are padded to this many, so changing them never recompiles
+
+
+def _power_of_two_buckets(smallest: int, largest: int) -> tuple[int, ...]:
+  buckets, size = [], smallest
+  while size < largest:
+    buckets.append(size)
+    size *= 2
+  return tuple(buckets) + (largest,)
+
+
+def _bucket(size: int, buckets: Sequence[int]) -> int:
+  for bucket in buckets:
+    if size <= bucket:
+      return bucket
+  return buckets[-1]
+
+
+def _end_ids(ids: Sequence[int], what: str) -> jax.Array:
+  ids = list(ids)
+  if len(ids) > _MAX_END_IDS:
+    raise ValueError(f"at most {_MAX_END_IDS} {what} are supported, got {len(ids)}")
+  return jnp.asarray(ids + [-1] * (_MAX_END_IDS - len(ids)), jnp.int32)
+
+
+class Sampler:
+  """Generates completions from a `CausalLM` with jitted prefill + decode kernels.
+
+  Args:
+    model: the model whose graph the sampler runs; `generate` takes the
+      parameters separately (`nnx.state(model)`), so a trainer passes fresh
+      parameters each step without rebuilding the sampler.
+    tokenizer: optional; needed for string prompts. Supplies pad / eos ids.
+    max_prompt_len: the largest prompt bucket. Longer prompts raise, unless
+      `truncate_prompts` keeps their last `max_prompt_len` tokens.
+    prompt_len_buckets, batch_buckets: static sizes prompts and prompt counts
+      are padded up to (default: powers of two, from 16 prompt tokens and 1
+      prompt).
+    eos_ids: ids that end a row (default: the tokenizer's eos, else the model
+      config's `eos_token_ids`).
+    pad_id: pad id (default: tokenizer's, else 0).
+    mesh, rules: if given, the batch is sharded over the mesh axes that the
+      `batch` logical axis maps to, and activations / cache follow `rules`.
+      The parameters' placement is the caller's.
+  """
+
+  def __init__(self, model: CausalLM, tokenizer=None, *, max_prompt_len: int = 256,
+               prompt_len_buckets: Sequence[int] | None = None,
+               batch_buckets: Sequence[int] | None = None, max_batch: int = 4096,
+               truncate_prompts: bool = False, eos_ids: Sequence[int] | None = None,
+               pad_id: int | None = None, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
+    self.graphdef, self._default_state = nnx.split(model)
+    self.config = model.config
+    self.tokenizer = tokenizer
+    self.prompt_len_buckets = tuple(sorted(prompt_len_buckets or _power_of_two_buckets(
+      min(16, max_prompt_len), max_prompt_len)))
+    self.batch_buckets = tuple(sorted(batch_buckets or _power_of_two_buckets(1, max_batch)))
+    self.truncate_prompts = truncate_prompts
+    if eos_ids is None:
+      eos_ids = ([tokenizer.eos_id] if tokenizer is not None and tokenizer.eos_id is not None
+                 else list(model.config.eos_token_ids))
+    self.eos_ids = tuple(int(i) for i in eos_ids)
+    if pad_id is None:
+      pad_id = tokenizer.pad_id if tokenizer is not None else (model.config.pad_token_id or 0)
+    self.pad_id = int(pad_id)
+    self.mesh, self.rules = mesh, tuple(rules)
+    # The jitted kernels are module-level functions with the graph and mesh as
+    # static arguments, so samplers of the same model share compilations.
+    self._static = dict(graphdef=self.graphdef, mesh=mesh, rules=self.rules)
+  # ---- host side ----
+
+  def _tokenize(self, prompts) -> list[list[int]]:
+    if not len(prompts):
+      raise ValueError("generate() got an empty prompt list")
+    if isinstance(prompts[0], str):
+      if self.tokenizer is None:
+        raise ValueError("string prompts need a tokenizer; pass Sampler(model, tokenizer)")
+      return [self.tokenizer.encode(p) for p in prompts]
+    return [[int(t) for t in p] for p in prompts]
+
+  def _pad_prompts(self, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    largest = self.prompt_len_buckets[-1]
+    for i, prompt in enumerate(prompts):
+      if not prompt:
+        raise ValueError(f"prompt {i} is empty")
+      if len(prompt) > largest and not self.truncate_prompts:
+        raise ValueError(
+          f"prompt {i} has {len(prompt)} tokens, more than the largest prompt bucket "
+          f"({largest}); raise max_prompt_len or set truncate_prompts=True")
+    prompts = [p[-largest:] for p in prompts]  # left truncation keeps the question's end
+    length = _bucket(max(map(len, prompts)), self.prompt_len_buckets)
+    rows = _bucket(len(prompts), self.batch_buckets)
+    if len(prompts) > rows:
+      raise ValueError(f"{len(prompts)} prompts exceed the largest batch bucket ({rows})")
+    tokens = np.full((rows, length), self.pad_id, np.int32)
+    mask = np.zeros((rows, length), bool)
+    for i, prompt in enumerate(prompts):
+      tokens[i, length - len(prompt):] = prompt
+      mask[i, length - len(prompt):] = True
+    # Filler rows (batch bucketing) get one real token so every row is well defined.
+    mask[len(prompts):, -1] = True
+    return tokens, mask, len(prompts)
+
+  def _put_batch(self, *arrays):
+    if self.mesh is None:
+      return tuple(jnp.asarray(a) for a in arrays)
+    out = []
+    for a in arrays:
+      spec = logical_to_spec((axes.BATCH,) + (None,) * (a.ndim - 1), self.rules, self.mesh,
+                             shape=a.shape)
+      out.append(jax.device_put(a, NamedSharding(self.mesh, spec)))
+    return tuple(out)
+
+  def generate(self, state, prompts, *, n_samples_per_prompt: int = 1, max_new_tokens: int = 64,
+               temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               greedy: bool = False, stop_tokens: Sequence[int] = (), num_logprobs: int = 0,
+               rng: jax.Array | None = None) -> Rollout:
+    """Samples `n_samples_per_prompt` completions for each prompt.
+
+    Args:
+      state: model parameters (`nnx.state(model)`); None uses the model's own.
+      prompts: strings (with a tokenizer) or token-id sequences.
+      n_samples_per_prompt: n ≥ 1; the prompt is prefilled once and its cache
+        copied n times.
+      max_new_tokens: generation budget (static: one compile per value).
+      temperature: > 0; logits are divided by it before sampling and before
+        the recorded log-probs.
+      top_k: sample from the k most likely tokens (0 = all).
+      top_p: nucleus sampling mass in (0, 1].
+      greedy: argmax instead of sampling (log-probs still at `temperature`).
+      stop_tokens: extra ids that end a row (finish reason "stop").
+      num_logprobs: also record the top-K ids and log-probs per position.
+      rng: PRNG key (required unless greedy).
+
+    Returns:
+      A `Rollout` with `len(prompts) * n_samples_per_prompt` rows.
+    """
+    if n_samples_per_prompt < 1:
+      raise ValueError(f"n_samples_per_prompt must be ≥ 1, got {n_samples_per_prompt}")
+    if not 0.0 < top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature <= 0:
+      raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+    if top_k < 0 or top_k > self.config.vocab_size:
+      raise ValueError(f"top_k must be in [0, vocab_size={self.config.vocab_size}], got {top_k}")
+    if max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+    if rng is None:
+      if not greedy:
+        raise ValueError("sampling needs an rng key (or greedy=True)")
+      rng = jax.random.key(0)
+    state = self._default_state if state is None else state
+    tokens, mask, num_prompts = self._pad_prompts(self._tokenize(prompts))
+    tokens, mask = self._put_batch(tokens, mask)
+    n = n_samples_per_prompt
+    cache_len = tokens.shape[1] + max_new_tokens
+    start = _prefill(state, tokens, mask, cache_len=cache_len, num_samples=n, **self._static)
+    out = _decode(state, start.cache, start.logits, start.positions, rng,
+                  _end_ids(self.eos_ids, "eos ids"), _end_ids(stop_tokens, "stop tokens"),
+                  jnp.float32(temperature), jnp.float32(top_p), max_new_tokens=max_new_tokens,
+                  top_k=top_k, greedy=greedy, num_logprobs=num_logprobs, pad_id=self.pad_id,
+                  **self._static)
+    rows = num_prompts * n  # drop the filler rows of the batch bucket
+    return Rollout(
+      prompt_tokens=jnp.repeat(tokens[:num_prompts], n, axis=0),
+      prompt_mask=jnp.repeat(mask[:num_prompts], n, axis=0),
+      completion_tokens=out.tokens[:rows], completion_mask=out.mask[:rows],
+      logp=out.logp[:rows], finish_reason=out.finish_reason[:rows],
+      group_ids=jnp.repeat(jnp.arange(num_prompts, dtype=jnp.int32), n),
+      topk_ids=None if out.topk_ids is None else out.topk_ids[:rows],
+      topk_logp=None if out.topk_logp is None else out.topk_logp[:rows])
+
+  def score(self, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
+            temperature: float = 1.0, top_k: int = 0) -> kernels.ScoreOutput:
+    """Per-token log-probs (and entropy, top-K) of given completions; see `kernels.score`."""
+    state = self._default_state if state is None else state
+    return _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
+                  jnp.float32(temperature), top_k=top_k, **self._static)
+
+  def decode_text(self, rollout: Rollout) -> list[str]:
+    """Completion texts (needs a tokenizer); masked positions are dropped."""
+    tokens, mask = np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask)
+    ends = set(self.eos_ids)
+    return [self.tokenizer.decode([int(t) for t, m in zip(row, keep) if m and t not in ends])
+            for row, keep in zip(tokens, mask)]
+
+
+def _context(mesh, rules):
+  return axis_rules(mesh, rules) if mesh is not None else contextlib.nullcontext()
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "cache_len",
+                                             "num_samples"))
+def _prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_samples):
+  with _context(mesh, rules):
+    return kernels.prefill(graphdef, state, tokens, mask, cache_len=cache_len,
+                           num_samples=num_samples)
+
+
+# The cache is donated: decode updates it in place and returns it aliased.
+@functools.partial(jax.jit, donate_argnums=(1,), static_argnames=(
+  "graphdef", "mesh", "rules", "max_new_tokens", "top_k", "greedy", "num_logprobs", "pad_id"))
+def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p, *,
+            graphdef, mesh, rules, max_new_tokens, top_k, greedy, num_logprobs, pad_id):
+  start = kernels.PrefillOutput(logits, positions, cache)
+  with _context(mesh, rules):
+    return kernels.decode(graphdef, state, start, rng, max_new_tokens=max_new_tokens,
+                          eos_ids=eos_ids, stop_ids=stop_ids, pad_id=pad_id,
+                          temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                          num_logprobs=num_logprobs)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k"))
+def _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, temperature, *,
+           graphdef, mesh, rules, top_k):
+  with _context(mesh, rules):
+    return kernels.score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens,
+                         completion_mask, temperature=temperature, top_k=top_k)
+
+
+def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> dict[str, float]:
+  """Length, finish-reason and (optionally) sampler/trainer agreement statistics.
+
+  Args:
+    rollout: a `Rollout`.
+    trainer_logp: `[batch, time]` log-probs of the same tokens recomputed by
+      the trainer (`Sampler.score`). Adds `logp_abs_diff_{mean,max}` and
+      `logp_mismatch_kl` = mean over tokens of exp(δ) − 1 − δ with
+      δ = trainer − sampler (the k3 estimator of KL(sampler ‖ trainer)); all 0
+      when the two agree, which is the sampler/trainer consistency check.
+  """
+  mask = np.asarray(rollout.completion_mask)
+  lengths = mask.sum(-1)
+  finish = np.asarray(rollout.finish_reason)
+  metrics = {"completion_length_mean": float(lengths.mean()),
+             "completion_length_max": float(lengths.max())}
+  for code, name in enumerate(FINISH_NAMES):
+    metrics[f"finish_{name}_fraction"] = float((finish == code).mean())
+  if trainer_logp is not None:
+    delta = (np.asarray(trainer_logp, np.float64) - np.asarray(rollout.logp, np.float64))[mask]
+    if delta.size:
+      metrics["logp_abs_diff_mean"] = float(np.abs(delta).mean())
+      metrics["logp_abs_diff_max"] = float(np.abs(delta).max())
+      metrics["logp_mismatch_kl"] = float(np.mean(np.expm1(delta) - delta))
+  return metrics

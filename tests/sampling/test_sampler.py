@@ -1,0 +1,254 @@
+"""Sampler: greedy = argmax of the full forward, distributions, masks, ends, agreement."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_post import parallel
+from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.sampling import (
+  FINISH_EOS,
+  FINISH_LENGTH,
+  FINISH_STOP,
+  Sampler,
+  filter_logits,
+  kernels,
+  rollout_metrics,
+)
+from jaxrl_post.sampling.sampler import _decode, _prefill
+from jaxrl_post.tokenizers import CharTokenizer
+
+VOCAB = 32
+
+
+@pytest.fixture(scope="module")
+def model():
+  # A small vocabulary makes distribution tests cheap; larger init scale makes
+  # the next-token distribution far from uniform, so a wrong one is visible.
+  config = get_model_config("tiny", vocab_size=VOCAB, family="qwen3", qk_norm=True)
+  model = CausalLM(config, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  state = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, state)
+  return nnx.merge(graphdef, state)
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+  return Sampler(model, max_prompt_len=32, eos_ids=[])
+
+
+PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [1]]
+
+
+@nnx.jit
+def _forward(model, tokens):
+  return model(tokens)
+
+
+def test_greedy_equals_stepwise_argmax_of_full_forward(model, sampler):
+  rollout = sampler.generate(None, PROMPTS, max_new_tokens=8, greedy=True)
+  for row, prompt in enumerate(PROMPTS):
+    tokens = list(prompt)
+    for _ in range(8):
+      # No cache and no left padding: the most literal reference. Right padding
+      # to a fixed 16 keeps one compile; causal attention never sees it.
+      buffer = jnp.asarray([tokens + [0] * (16 - len(tokens))])
+      tokens.append(int(jnp.argmax(_forward(model, buffer)[0, len(tokens) - 1])))
+    np.testing.assert_array_equal(np.asarray(rollout.completion_tokens[row]), tokens[len(prompt):])
+  assert bool(jnp.all(rollout.finish_reason == FINISH_LENGTH))
+
+
+def test_sampler_logp_equals_score(sampler):
+  rollout = sampler.generate(None, PROMPTS, n_samples_per_prompt=3, max_new_tokens=12,
+                             temperature=0.7, top_k=10, rng=jax.random.key(0), num_logprobs=5)
+  scored = sampler.score(None, rollout.prompt_tokens, rollout.prompt_mask,
+                         rollout.completion_tokens, rollout.completion_mask, temperature=0.7,
+                         top_k=5)
+  mask = np.asarray(rollout.completion_mask)
+  np.testing.assert_allclose(np.asarray(rollout.logp)[mask], np.asarray(scored.logp)[mask],
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(rollout.topk_logp)[mask],
+                             np.asarray(scored.topk_logp)[mask], atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(rollout.topk_ids)[mask],
+                                np.asarray(scored.topk_ids)[mask])
+  metrics = rollout_metrics(rollout, scored.logp)
+  assert metrics["logp_abs_diff_max"] < 1e-5 and abs(metrics["logp_mismatch_kl"]) < 1e-9
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_first_token_distribution_is_softmax_at_temperature(model, sampler, temperature):
+  n = 3000
+  rollout = sampler.generate(None, [[3, 4, 5]], n_samples_per_prompt=n, max_new_tokens=1,
+                             temperature=temperature, rng=jax.random.key(1))
+  logits = np.asarray(_forward(model, jnp.asarray([[3, 4, 5]]))[0, -1], np.float64) / temperature
+  probs = np.exp(logits - logits.max())
+  probs /= probs.sum()
+  counts = np.bincount(np.asarray(rollout.completion_tokens[:, 0]), minlength=VOCAB)
+  # Pool the rare tokens so every expected count is ≥ 5 (chi-square validity).
+  order = np.argsort(probs)
+  rare = order[np.cumsum(probs[order]) * n < 5]
+  keep = np.setdiff1d(np.arange(VOCAB), rare)
+  observed, expected = counts[keep], probs[keep] * n
+  if rare.size:
+    observed = np.append(observed, counts[rare].sum())
+    expected = np.append(expected, probs[rare].sum() * n)
+  assert scipy.stats.chisquare(observed, expected).pvalue > 1e-3
+  # The recorded log-prob of each draw is its softmax(logits / T) log-prob.
+  drawn = np.asarray(rollout.completion_tokens[:, 0])
+  np.testing.assert_allclose(np.asarray(rollout.logp[:, 0]), np.log(probs[drawn]), atol=1e-5)
+
+
+def test_filter_logits_top_k_and_top_p():
+  # probs 0.5, 0.3, 0.15, 0.05 (hand-made): top-p 0.75 keeps the first two
+  # (mass before the third is 0.8 ≥ 0.75); top-p 0.8 keeps three (mass before
+  # the third is exactly 0.8, not < 0.8 — so it drops it; 0.81 keeps it).
+  logits = jnp.log(jnp.array([[0.15, 0.5, 0.05, 0.3]]))
+  kept = lambda **kw: np.isfinite(np.asarray(filter_logits(logits, **kw)))[0].tolist()
+  assert kept(top_p=0.75) == [False, True, False, True]
+  assert kept(top_p=0.81) == [True, True, False, True]
+  assert kept(top_p=0.1) == [False, True, False, False]  # the top token is always kept
+  assert kept(top_p=1.0) == [True, True, True, True]
+  assert kept(top_k=1) == [False, True, False, False]
+  assert kept(top_k=3) == [True, True, False, True]
+  assert kept(top_k=3, top_p=0.5) == [False, True, False, False]
+
+
+def test_samples_stay_inside_top_k_and_top_p(model, sampler):
+  rollout = sampler.generate(None, [[3, 4, 5]], n_samples_per_prompt=500, max_new_tokens=1,
+                             top_k=3, rng=jax.random.key(2))
+  logits = np.asarray(_forward(model, jnp.asarray([[3, 4, 5]]))[0, -1])
+  assert set(np.unique(rollout.completion_tokens)) <= set(np.argsort(logits)[-3:])
+  rollout = sampler.generate(None, [[3, 4, 5]], n_samples_per_prompt=500, max_new_tokens=1,
+                             top_p=0.5, rng=jax.random.key(3))
+  probs = np.asarray(jax.nn.softmax(logits))
+  order = np.argsort(-probs)
+  nucleus = order[: np.searchsorted(np.cumsum(probs[order]), 0.5) + 1]
+  assert set(np.unique(rollout.completion_tokens)) <= set(nucleus)
+
+
+def test_eos_and_stop_tokens_end_rows_and_mask_the_rest(model):
+  free = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(
+    None, PROMPTS, max_new_tokens=8, greedy=True)
+  tokens = np.asarray(free.completion_tokens)
+  eos, stop = int(tokens[0, 2]), int(tokens[1, 4])
+  sampler = Sampler(model, max_prompt_len=32, eos_ids=[eos], pad_id=0)
+  rollout = sampler.generate(None, PROMPTS, max_new_tokens=8, greedy=True, stop_tokens=[stop])
+  for row in range(len(PROMPTS)):
+    hits = [i for i, t in enumerate(tokens[row]) if t in (eos, stop)]
+    end = hits[0] + 1 if hits else 8
+    mask = np.asarray(rollout.completion_mask[row])
+    assert mask[:end].all() and not mask[end:].any()
+    np.testing.assert_array_equal(np.asarray(rollout.completion_tokens[row, :end]),
+                                  tokens[row, :end])
+    assert (np.asarray(rollout.completion_tokens[row, end:]) == 0).all()
+    assert (np.asarray(rollout.logp[row, end:]) == 0).all()
+    expected = (FINISH_LENGTH if not hits else
+                FINISH_EOS if tokens[row, hits[0]] == eos else FINISH_STOP)
+    assert int(rollout.finish_reason[row]) == expected
+  assert int(rollout.finish_reason[0]) == FINISH_EOS
+  assert rollout_metrics(rollout)["finish_eos_fraction"] > 0
+
+
+def test_shared_prefill_matches_repeated_prompts(sampler):
+  """n samples from one prefill = n copies of the prompt prefilled separately.
+
+  Both paths draw with the same per-step keys over the same batch shape, so
+  the samples are not just equal in distribution but identical.
+  """
+  n = 4
+  shared = sampler.generate(None, PROMPTS[:2], n_samples_per_prompt=n, max_new_tokens=10,
+                            rng=jax.random.key(4))
+  repeated = sampler.generate(None, [p for p in PROMPTS[:2] for _ in range(n)],
+                              max_new_tokens=10, rng=jax.random.key(4))
+  np.testing.assert_array_equal(np.asarray(shared.completion_tokens),
+                                np.asarray(repeated.completion_tokens))
+  np.testing.assert_allclose(np.asarray(shared.logp), np.asarray(repeated.logp), atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(shared.group_ids), [0] * n + [1] * n)
+  # And samples within a group differ (independent draws, not copies).
+  assert len({tuple(r) for r in np.asarray(shared.completion_tokens[:n]).tolist()}) > 1
+
+
+def test_no_recompilation_within_a_bucket(model):
+  sampler = Sampler(model, max_prompt_len=32, eos_ids=[])
+  kw = dict(n_samples_per_prompt=2, max_new_tokens=6, rng=jax.random.key(5))
+  sampler.generate(None, [[1, 2, 3], [4, 5]], **kw)
+  sizes = (_prefill._cache_size(), _decode._cache_size())
+  # Other lengths (≤ 16), other prompt count (2 → same bucket), other values.
+  sampler.generate(None, [[6] * 11, [7] * 16], temperature=0.3, top_p=0.9, stop_tokens=[4], **kw)
+  sampler.generate(None, [[9]], **kw)  # batch bucket 1: one new compile of each kernel
+  assert (_prefill._cache_size(), _decode._cache_size()) == (
+    sizes[0] + 1, sizes[1] + 1)
+
+
+def test_string_prompts_with_a_tokenizer():
+  tokenizer = CharTokenizer()
+  config = get_model_config("tiny", vocab_size=tokenizer.vocab_size)
+  sampler = Sampler(CausalLM(config, rngs=nnx.Rngs(0)), tokenizer, max_prompt_len=16)
+  rollout = sampler.generate(None, ["12+7=", "3*4="], max_new_tokens=5, rng=jax.random.key(0))
+  assert rollout.completion_tokens.shape == (2, 5)
+  assert np.asarray(rollout.prompt_tokens[0, -5:]).tolist() == tokenizer.encode("12+7=")
+  assert len(sampler.decode_text(rollout)) == 2
+
+
+def test_bad_input_errors(sampler):
+  with pytest.raises(ValueError, match="empty prompt list"):
+    sampler.generate(None, [], greedy=True)
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    sampler.generate(None, [[1], []], greedy=True)
+  with pytest.raises(ValueError, match="prompt 1 has 40 tokens, more than the largest prompt "
+                                       "bucket \\(32\\)"):
+    sampler.generate(None, [[1], [2] * 40], greedy=True)
+  with pytest.raises(ValueError, match="n_samples_per_prompt must be ≥ 1, got 0"):
+    sampler.generate(None, [[1]], n_samples_per_prompt=0, greedy=True)
+  for top_p in (0.0, 1.5):
+    with pytest.raises(ValueError, match="top_p must be in \\(0, 1\\]"):
+      sampler.generate(None, [[1]], top_p=top_p, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match="string prompts need a tokenizer"):
+    sampler.generate(None, ["hi"], greedy=True)
+  with pytest.raises(ValueError, match="needs an rng key"):
+    sampler.generate(None, [[1]])
+
+
+def test_truncation_keeps_the_end_of_long_prompts(model):
+  sampler = Sampler(model, max_prompt_len=16, eos_ids=[], truncate_prompts=True)
+  long_prompt = list(range(1, 31))
+  a = sampler.generate(None, [long_prompt], max_new_tokens=4, greedy=True)
+  b = sampler.generate(None, [long_prompt[-16:]], max_new_tokens=4, greedy=True)
+  np.testing.assert_array_equal(np.asarray(a.completion_tokens), np.asarray(b.completion_tokens))
+
+
+def test_early_exit_when_every_row_finished(model):
+  free = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(
+    None, [[3, 4, 5]], max_new_tokens=4, greedy=True)
+  first = int(free.completion_tokens[0, 0])
+  sampler = Sampler(model, max_prompt_len=32, eos_ids=[first])
+  graphdef, state = sampler.graphdef, nnx.state(model)
+  tokens, mask = jnp.asarray([[3, 4, 5]]), jnp.ones((1, 3), bool)
+
+  @jax.jit
+  def run(state, tokens, mask):
+    start = kernels.prefill(graphdef, state, tokens, mask, cache_len=3 + 50, num_samples=1)
+    return kernels.decode(graphdef, state, start, jax.random.key(0), max_new_tokens=50,
+                          eos_ids=jnp.asarray([first]), stop_ids=jnp.asarray([-1]), pad_id=0,
+                          temperature=1.0, top_p=1.0, top_k=0, greedy=True, num_logprobs=0)
+
+  out = run(state, tokens, mask)
+  assert int(out.steps) == 1  # finished at the first token: no decode step ran
+
+
+def test_sharded_parameters_and_batch_give_the_same_rollout(model):
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  graphdef, state = nnx.split(model)
+  sharded_state = jax.device_put(state, parallel.state_shardings(state, mesh))
+  prompts = PROMPTS + [[2, 2], [5, 6, 7]]
+  kw = dict(n_samples_per_prompt=2, max_new_tokens=6, temperature=0.8, rng=jax.random.key(6))
+  reference = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(None, prompts, **kw)
+  sharded_sampler = Sampler(model, max_prompt_len=32, eos_ids=[], mesh=mesh)
+  rollout = sharded_sampler.generate(sharded_state, prompts, **kw)
+  np.testing.assert_array_equal(np.asarray(rollout.completion_tokens),
+                                np.asarray(reference.completion_tokens))
+  np.testing.assert_allclose(np.asarray(rollout.logp), np.asarray(reference.logp), atol=1e-5)
