@@ -1,0 +1,13 @@
+"""Rewards: verifiers, matching and ranking rewards, and reward-module pools (MLREF).
+
+Submodules (import them directly; this file stays import-light so that the sandbox child and
+light tools do not pay for JAX):
+
+* `module_pool`: module specs, the persistent pool, the composed reward R = Σ w_k m_k, hybrid
+  credit (arXiv 2608.18827), merge with rollback.
+* `credit`: the pure credit / selection maths (re-exported by `module_pool`).
+* `module_code`: the AST allow-list for proposed module code.
+* `sandbox`: the separate-process test-run of proposed code.
+* `llm_client`, `prompts`, `proposers`: the LLM (OpenAI-compatible) and offline proposers.
+* `evolution`: the MLREF outer loop (Algorithm 1) around a caller-supplied RL trainer.
+"""

@@ -1,0 +1,124 @@
+"""Orbax checkpoints with one resume policy (DESIGN §2.7).
+
+  ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=3)
+  ckpt.save(step, {"params": ..., "opt_state": ..., "rng": ...}, extra={"data": it_state})
+  state, extra = ckpt.restore(step, abstract_state)
+
+Where a run starts (`resolve_start`), first match wins:
+  1. the latest checkpoint in this run's own workdir (pre-emption, restarts);
+  2. `config.resume`: a checkpoint directory of another run (full state);
+  3. `config.init_from`: parameters only — an SFT checkpoint directory or a
+     Hugging Face checkpoint directory;
+  4. from scratch.
+
+Orbax writes each step into a temporary directory and renames it when the
+save is complete, so a checkpoint interrupted mid-write (a kill during an
+async save) is never listed as the latest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """A keep-N, optionally asynchronous orbax `CheckpointManager` for one pytree + JSON."""
+
+  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
+               async_save: bool = True):
+    self.directory = Path(directory).absolute()
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                           enable_async_checkpointing=async_save, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=("state", "extra"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, extra: dict[str, Any] | None = None, *,
+           force: bool = True) -> bool:
+    """Saves `state` (a pytree of arrays) and `extra` (JSON-serialisable) at `step`."""
+    return self._manager.save(
+      int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                         extra=ocp.args.JsonSave(extra or {})), force=force)
+
+  def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+    """Restores `step` (default latest) into the structure / shardings of `abstract_state`.
+
+    `abstract_state` is a pytree of `jax.ShapeDtypeStruct` (with `.sharding`)
+    or arrays, e.g. from `jax.eval_shape`; restored arrays take its shardings.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    abstract_state = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    restored = self._manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                    extra=ocp.args.JsonRestore()))
+    return restored.state, dict(restored.extra or {})
+
+  def wait(self) -> None:
+    """Blocks until an asynchronous save has been committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPoint:
+  """Where a run starts: `kind` is "workdir", "resume", "init_from_checkpoint",
+  "init_from_hf" or "scratch"; `path` and `step` say which checkpoint."""
+
+  kind: str
+  path: Path | None = None
+  step: int | None = None
+
+
+def _latest(directory: Path) -> int | None:
+  if not directory.is_dir():
+    return None
+  steps = [int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()]
+  return max(steps) if steps else None
+
+
+def resolve_start(checkpoint_dir: str | os.PathLike, *, resume: str | None = None,
+                  init_from: str | None = None) -> StartPoint:
+  """Applies the resume policy; see the module docstring.
+
+  Raises:
+    FileNotFoundError: `resume` or `init_from` is set but holds nothing loadable.
+  """
+  own = Path(checkpoint_dir)
+  step = _latest(own)
+  if step is not None:
+    return StartPoint("workdir", own, step)
+  if resume:
+    path = Path(resume)
+    step = _latest(path) if _latest(path) is not None else _latest(path / "checkpoints")
+    if step is None:
+      raise FileNotFoundError(f"config.resume={resume!r}: no orbax checkpoint steps there")
+    path = path if _latest(path) is not None else path / "checkpoints"
+    return StartPoint("resume", path, step)
+  if init_from:
+    path = Path(init_from)
+    if (path / "config.json").exists() and any(path.glob("*.safetensors*")):
+      return StartPoint("init_from_hf", path)
+    for candidate in (path, path / "checkpoints"):
+      step = _latest(candidate)
+      if step is not None:
+        return StartPoint("init_from_checkpoint", candidate, step)
+    raise FileNotFoundError(
+      f"config.init_from={init_from!r} is neither a Hugging Face checkpoint directory "
+      "(config.json + safetensors) nor an orbax checkpoint directory")
+  return StartPoint("scratch")
