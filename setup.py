@@ -20,6 +20,8 @@ _RUNTIME = [
     "tqdm",
     "tensorboardX",
     "matplotlib",
+    "jinja2",  # chat templates
+    "pyarrow",  # parquet task files
 ]
 
 _TEST = [

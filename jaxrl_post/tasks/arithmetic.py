@@ -1,0 +1,218 @@
+"""Multi-digit arithmetic with a column-by-column chain of thought (`"arith"`).
+
+Prompt and demonstration for `12+345*26-7`:
+
+  Q: 12+345*26-7=
+  ---- demonstration ----
+  345*26:
+  345*6: 5*6+0=30, 4*6+3=27, 3*6+2=20
+  345*6=2070
+  345*2: 5*2+0=10, 4*2+1=9, 3*2+0=6
+  345*20=6900
+  2070+6900: 0+0+0=0, 7+0+0=7, 0+9+0=9, 2+6+0=8
+  2070+6900=8970
+  345*26=8970
+  now: 12+8970-7
+  12+8970: 2+0+0=2, 1+7+0=8, 0+9+0=9, 0+8+0=8
+  12+8970=8982
+  now: 8982-7
+  8982-7: 12-7-0=5, 8-0-1=7, 9-0-0=9, 8-0-0=8
+  8982-7=8975
+  #### 8975
+
+Operators follow the usual precedence: products first, then sums and differences from left to
+right. Column work runs from the lowest digit up: `a+b+carry=s` for sums, `a-b-borrow=d` for
+differences (written `1a-b-borrow=d` when the column borrows), `a*d+carry=p` for one digit of
+a product; a multi-digit multiplier adds one shifted partial product per non-zero digit.
+Differences that go negative are rewritten first (`58-347=-(347-58)`), so every column
+operation is on non-negative numbers. Only ASCII `+ - *` appear, so all text fits the
+`CharTokenizer` alphabet.
+
+Reward: `correct` is 1 when the final line `#### <integer>` equals the value; `format` is 1 when
+the completion ends with exactly one such line (see `base.final_answer`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from jaxrl_post.tasks import base
+
+_OPERATIONS = "+-*"
+
+
+@base.TASKS.register("arith")
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask(base.Task):
+  """Integer expressions such as `347+58*12=` to evaluate, with worked steps.
+
+  Attributes:
+    seed: varies the whole stream of examples.
+    min_digits: fewest digits of an operand (>= 1).
+    max_digits: most digits of an operand; each operand's length is uniform in between.
+    num_operands: operands per expression (>= 2).
+    operations: the operators to draw from, each uniformly, a subset of `"+-*"`; repeating one
+      (`"++*"`) makes it more likely.
+  """
+
+  name = "arith"
+
+  seed: int = 0
+  min_digits: int = 1
+  max_digits: int = 3
+  num_operands: int = 2
+  operations: str = "+-*"
+
+  def __post_init__(self):
+    if not 1 <= self.min_digits <= self.max_digits:
+      raise ValueError(
+        f"need 1 <= min_digits <= max_digits, got {self.min_digits} and {self.max_digits}"
+      )
+    if self.num_operands < 2:
+      raise ValueError(f"num_operands must be >= 2, got {self.num_operands}")
+    if not self.operations or set(self.operations) - set(_OPERATIONS):
+      raise ValueError(f"operations must be a non-empty string over {_OPERATIONS!r}, got "
+                       f"{self.operations!r}")
+
+  def make_example(self, split: str, index: int) -> dict[str, Any]:
+    rng = base.example_rng(self.name, self.seed, split, index)
+    operands = [self._draw_operand(rng) for _ in range(self.num_operands)]
+    operators = [rng.choice(self.operations) for _ in range(self.num_operands - 1)]
+    expression = _render(operands, operators)
+    value, steps = _worked_solution(operands, operators)
+    demonstration = "\n".join([*steps, f"{base.FINAL_ANSWER_MARKER} {value}"])
+    return base.make_record(
+      self.name, index, f"Q: {expression}=\n", str(value), demonstration,
+      {"expression": expression},
+    )
+
+  def reward(self, record: Mapping[str, Any], completion: str) -> base.Reward:
+    given = base.parse_integer(base.final_answer(completion))
+    if given is None:
+      return base.Reward(0.0, 0.0)
+    return base.Reward(float(given == int(record["answer"])), 1.0)
+
+  def _draw_operand(self, rng: random.Random) -> int:
+    digits = rng.randint(self.min_digits, self.max_digits)
+    # One-digit operands include 0; longer ones have no leading zero.
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    return rng.randint(low, 10**digits - 1)
+
+
+def _render(operands: list[int], operators: list[str]) -> str:
+  parts = [str(operands[0])]
+  for op, x in zip(operators, operands[1:], strict=True):
+    parts += [op, str(x)]
+  return "".join(parts)
+
+
+def _worked_solution(operands: list[int], operators: list[str]) -> tuple[int, list[str]]:
+  """The value of the expression and the lines of its worked solution."""
+  operands, operators = list(operands), list(operators)
+  lines = []
+  while operators:
+    # Leftmost product first; with none left, the leftmost sum or difference.
+    i = operators.index("*") if "*" in operators else 0
+    a, op, b = operands[i], operators[i], operands[i + 1]
+    if op == "*":
+      lines += _multiply(a, b)
+      value = a * b
+    else:
+      new_lines, value = _add_or_subtract(a, op, b)
+      lines += new_lines
+    operands[i : i + 2] = [value]
+    del operators[i]
+    if operators:
+      lines.append(f"now: {_render(operands, operators)}")
+  return operands[0], lines
+
+
+def _multiply(a: int, b: int) -> list[str]:
+  """Lines for `a*b` (both >= 0): one digit product per non-zero digit of `b`, then their sum."""
+  if b < 10:
+    return [f"{a}*{b}: {_digit_product_columns(a, b)}", f"{a}*{b}={a * b}"]
+  lines = [f"{a}*{b}:"]
+  partials = []
+  for position, digit in enumerate(int(d) for d in reversed(str(b))):
+    if digit == 0:
+      continue
+    shift = 10**position
+    lines.append(f"{a}*{digit}: {_digit_product_columns(a, digit)}")
+    lines.append(f"{a}*{digit * shift}={a * digit * shift}")
+    partials.append(a * digit * shift)
+  total = partials[0]
+  for p in partials[1:]:
+    lines.append(f"{total}+{p}: {_addition_columns(total, p)}")
+    lines.append(f"{total}+{p}={total + p}")
+    total += p
+  if len(partials) > 1:  # With one partial product its line already reads `a*b=...`.
+    lines.append(f"{a}*{b}={a * b}")
+  return lines
+
+
+def _add_or_subtract(r: int, op: str, t: int) -> tuple[list[str], int]:
+  """Lines for `r op t` (`t >= 0`, `r` any sign) via one column operation on magnitudes."""
+  # -a+t = t-a, -a-t = -(a+t); a difference x-y with x < y becomes -(y-x).
+  if r >= 0:
+    x, y, subtract, negate = r, t, op == "-", False
+  elif op == "+":
+    x, y, subtract, negate = t, -r, True, False
+  else:
+    x, y, subtract, negate = -r, t, False, True
+  if subtract and x < y:
+    x, y, negate = y, x, not negate
+  plain = f"{x}{'-' if subtract else '+'}{y}"
+  magnitude = x - y if subtract else x + y
+  value = -magnitude if negate else magnitude
+  expression = f"{r}{op}{t}"
+  rewritten = f"-({plain})" if negate else plain
+  lines = [] if rewritten == expression else [f"{expression}={rewritten}"]
+  columns = _subtraction_columns(x, y) if subtract else _addition_columns(x, y)
+  lines += [f"{plain}: {columns}", f"{plain}={magnitude}"]
+  if rewritten != expression:
+    lines.append(f"{expression}={value}")
+  return lines, value
+
+
+def _digits(n: int, width: int) -> list[int]:
+  """The lowest `width` digits of `n >= 0`, lowest first, zero-padded."""
+  return [int(d) for d in reversed(str(n).rjust(width, "0"))]
+
+
+def _addition_columns(x: int, y: int) -> str:
+  """`7+8+0=15, 4+5+1=10, 3+0+1=4` for 347+58: each column with its incoming carry."""
+  width = max(len(str(x)), len(str(y)))
+  carry, columns = 0, []
+  for dx, dy in zip(_digits(x, width), _digits(y, width), strict=True):
+    s = dx + dy + carry
+    columns.append(f"{dx}+{dy}+{carry}={s}")
+    carry = s // 10
+  return ", ".join(columns)
+
+
+def _subtraction_columns(x: int, y: int) -> str:
+  """`17-8-0=9, 14-5-1=8, 3-0-1=2` for 347-58 (x >= y): a leading 1 marks a borrow."""
+  width = len(str(x))
+  borrow, columns = 0, []
+  for dx, dy in zip(_digits(x, width), _digits(y, width), strict=True):
+    d = dx - dy - borrow
+    if d < 0:
+      columns.append(f"1{dx}-{dy}-{borrow}={d + 10}")
+      borrow = 1
+    else:
+      columns.append(f"{dx}-{dy}-{borrow}={d}")
+      borrow = 0
+  return ", ".join(columns)
+
+
+def _digit_product_columns(a: int, digit: int) -> str:
+  """`7*8+0=56, 4*8+5=37, 3*8+3=27` for 347*8: each digit of `a` with the incoming carry."""
+  carry, columns = 0, []
+  for da in _digits(a, len(str(a))):
+    p = da * digit + carry
+    columns.append(f"{da}*{digit}+{carry}={p}")
+    carry = p // 10
+  return ", ".join(columns)
