@@ -1,6 +1,12 @@
 """Generation for RL: a Python `Sampler` around pure jitted prefill / decode kernels."""
 
-from jaxrl_post.sampling.kernels import ScoreOutput, filter_logits, score, score_logits
+from jaxrl_post.sampling.kernels import (
+  ScoreOutput,
+  filter_logits,
+  score,
+  score_logits,
+  score_model,
+)
 from jaxrl_post.sampling.rollout import (
   FINISH_EOS,
   FINISH_LENGTH,
@@ -22,4 +28,5 @@ __all__ = [
   "rollout_metrics",
   "score",
   "score_logits",
+  "score_model",
 ]

@@ -221,21 +221,20 @@ def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mas
   return ScoreOutput(logp, entropy, topk_ids, topk_logp)
 
 
-def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-          temperature=1.0, top_k: int = 0) -> ScoreOutput:
+def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
+                temperature=1.0, top_k: int = 0) -> ScoreOutput:
   """Teacher-forced log-probs of given completions: one forward over prompt + completion.
 
   The trainer (current and old policy), the reference model and teachers all
   use this function, so every log-prob in the system is computed one way.
 
   Args:
-    graphdef, state: the model.
+    model: a `CausalLM` (inside a loss, the model being differentiated).
     prompt_tokens, prompt_mask: `[batch, prompt_len]`, left-padded.
     completion_tokens, completion_mask: `[batch, time]`, right-padded.
     temperature: divides the logits (use the sampling temperature).
     top_k: also return the K most likely ids and log-probs per position.
   """
-  model = nnx.merge(graphdef, state)
   prompt_len = prompt_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.bool_)
@@ -244,3 +243,10 @@ def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, comple
   logits = logits[:, prompt_len - 1:-1]
   return score_logits(logits, completion_tokens, completion_mask, temperature=temperature,
                       top_k=top_k)
+
+
+def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
+          temperature=1.0, top_k: int = 0) -> ScoreOutput:
+  """`score_model` for a split model (`graphdef`, `state`)."""
+  return score_model(nnx.merge(graphdef, state), prompt_tokens, prompt_mask, completion_tokens,
+                     completion_mask, temperature=temperature, top_k=top_k)

@@ -1,0 +1,166 @@
+r"""GRPO-family RL on a verifiable task: sample → reward → advantages → update → evaluate.
+
+  python experiments/grpo.py --config=configs/grpo_arith.py --workdir=/tmp/grpo_arith \
+      --config.init_from=/tmp/sft_arith
+
+The policy loss, advantage estimator and KL are chosen by name in the config
+(`config.loss.name`, `config.advantage`); see jaxrl_post.losses. Killed and
+restarted with the same command, the run resumes from its last checkpoint.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+
+from jaxrl_post import advantages as advantages_lib
+from jaxrl_post.sampling import Sampler, rollout_metrics
+from jaxrl_post.tasks import data as task_data
+from jaxrl_post.training import rl
+from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.checkpoint import Checkpointer
+from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.train_state import create_train_state, make_train_step
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  config, workdir = _CONFIG.value, _WORKDIR.value
+
+  # ---- Task, tokenizer, model, loss (validated before anything compiles) ----
+  task = run_setup.build_task(config)
+  tokenizer = run_setup.build_tokenizer(config)
+  start = run_setup.start_point(config, workdir)
+  model = run_setup.build_model(config, tokenizer, start)
+  loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
+  try:
+    loss_fn = rl.make_policy_loss(policy_loss=config.loss.name,
+                                  temperature=config.temperature, **loss_kwargs)
+    advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
+  except KeyError as e:
+    raise ValueError(f"config.loss.name / config.advantage: {e}") from None
+  reward_names = list(config.reward_weights)
+  reward_weights = jnp.asarray([config.reward_weights[k] for k in reward_names], jnp.float32)
+  logging.info("start: %s; model %.2fM parameters", start.kind, model.config.num_params() / 1e6)
+
+  # ---- Data ----
+  source = task_data.TaskSource(task, "train", config.num_train_examples)
+  loader = task_data.make_loader(source, batch_size=config.prompts_per_step, seed=config.seed)
+  eval_records = [task.make_example("test", i) for i in range(config.eval_examples)]
+
+  # ---- Train state, reference model, update step, restore ----
+  optimizer = run_setup.build_optimizer(config, config.steps * config.ppo_epochs)
+  state = create_train_state(model, optimizer, jax.random.key(config.seed))
+  graphdef = nnx.split(model)[0]
+  step_fn = make_train_step(graphdef, loss_fn, optimizer,
+                            num_micro_batches=config.num_micro_batches,
+                            shared=("num_tokens", "num_sequences"))
+  checkpointer = Checkpointer(run_setup.checkpoint_dir(workdir),
+                              max_to_keep=config.keep_checkpoints)
+  # The frozen reference is the starting policy (SFT or HF weights): restore
+  # the starting point first, copy it, then apply this workdir's checkpoint,
+  # so a resumed run has the same reference as one that never stopped.
+  initial = run_setup.start_point(config, workdir, ignore_workdir=True)
+  state, extra = run_setup.restore(initial, checkpointer, state)
+  reference_params = jax.tree.map(jnp.copy, state.params)
+  if start.kind == "workdir":
+    state, extra = run_setup.restore(start, checkpointer, state)
+  data_iter = iter(loader)
+  if "data" in extra:
+    data_iter.set_state(extra["data"])
+  first_step = int(extra.get("rl_step", 0))
+  writer = MetricWriter(workdir, resume_step=first_step if start.kind == "workdir" else None)
+  writer.write_config(config)
+  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len)
+  rng = jax.random.key(config.seed + 1)
+  g = config.group_size
+
+  def run_eval(step):
+    metrics = rl.evaluate(sampler, state.params, task, eval_records,
+                          max_new_tokens=config.max_new_tokens, k=config.eval_pass_k,
+                          temperature=config.temperature, rng=jax.random.key(step))
+    writer.write(step, {f"eval/{k}": v for k, v in metrics.items()})
+    logging.info("step %d eval: %s", step, metrics)
+    return metrics
+
+  if first_step == 0:
+    run_eval(0)
+  # ---- Train loop ----
+  bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
+                  total=config.steps, desc="grpo", dynamic_ncols=True)
+  for step in bar:
+    timings = {}
+    records = next(data_iter)
+    records = [{k: records[k][i] for k in records} for i in range(len(records["prompt"]))]
+    tic = time.perf_counter()
+    rollout = sampler.generate(state.params, [r["prompt"] for r in records],
+                               n_samples_per_prompt=g, max_new_tokens=config.max_new_tokens,
+                               temperature=config.temperature, top_k=config.top_k,
+                               top_p=config.top_p, rng=jax.random.fold_in(rng, step))
+    rollout.completion_tokens.block_until_ready()
+    timings["time/generate"] = time.perf_counter() - tic
+    texts = sampler.decode_text(rollout)
+    correct, fmt, failures = rl.rewards_for(task, records, texts, g)
+    rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in reward_names], axis=1)
+    adv = advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
+                       eps=config.advantage_eps, reward_weights=reward_weights)
+    tic = time.perf_counter()
+    batch = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
+                 completion_tokens=rollout.completion_tokens,
+                 completion_mask=rollout.completion_mask, adv=adv)
+    old = sampler.score(state.params, **batch_inputs(batch), temperature=config.temperature)
+    batch["old_logp"] = old.logp
+    timings["time/score"] = time.perf_counter() - tic
+    if config.loss.beta > 0:
+      tic = time.perf_counter()
+      batch["ref_logp"] = sampler.score(reference_params, **batch_inputs(batch),
+                                        temperature=config.temperature).logp
+      timings["time/reference"] = time.perf_counter() - tic
+    batch = rl.with_normalizers(batch)
+    tic = time.perf_counter()
+    for _ in range(config.ppo_epochs):
+      state, metrics = step_fn(state, batch)
+    metrics = run_setup.host_metrics(metrics)
+    timings["time/update"] = time.perf_counter() - tic
+    if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
+      raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
+                         f"non-finite loss or gradient (step {step}); stopping")
+    tokens = int(np.asarray(rollout.completion_mask).sum())
+    record = {f"train/{k}": v for k, v in metrics.items()}
+    record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old.logp).items()})
+    record.update({"train/reward_correct": float(np.nanmean(correct)),
+                   "train/reward_format": float(np.nanmean(fmt)),
+                   "train/reward_failures": failures,
+                   "train/tokens_per_s": tokens / sum(timings.values()), **timings})
+    if step % config.log_every == 0 or step == config.steps:
+      writer.write(step, record)
+    bar.set_postfix(reward=f"{record['train/reward_correct']:.3f}",
+                    tok_s=f"{record['train/tokens_per_s']:.0f}")
+    if step % config.eval_every == 0 or step == config.steps:
+      run_eval(step)
+    if step % config.checkpoint_every == 0 or step == config.steps:
+      checkpointer.save(step, state, extra={"data": data_iter.get_state(), "rl_step": step})
+  checkpointer.close()
+  writer.close()
+  evals = [r for r in read_metrics(workdir) if "eval/accuracy" in r]
+  if evals:
+    print(f"held-out accuracy: {evals[0]['eval/accuracy']:.3f} at step {evals[0]['step']} → "
+          f"{evals[-1]['eval/accuracy']:.3f} at step {evals[-1]['step']}")
+
+
+def batch_inputs(batch):
+  return {k: batch[k] for k in ("prompt_tokens", "prompt_mask", "completion_tokens",
+                                "completion_mask")}
+
+
+if __name__ == "__main__":
+  app.run(main)
