@@ -1,0 +1,22 @@
+"""Executes the notebooks in runlocal mode."""
+
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quickstart_notebook_runs(monkeypatch):
+  notebook = nbformat.read(ROOT / "notebooks" / "01_quickstart.ipynb", as_version=4)
+  monkeypatch.setenv("JAXRL_POST_ROOT", str(ROOT))
+  monkeypatch.delenv("JAXRL_POST_NOTEBOOK_FULL", raising=False)
+  # One CPU device in the kernel and its subprocesses, as a user would have.
+  monkeypatch.setenv("XLA_FLAGS", "")
+  client = NotebookClient(notebook, timeout=900, kernel_name="python3",
+                          resources={"metadata": {"path": str(ROOT / "notebooks")}})
+  client.execute()
+  outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
+  assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+             for o in outputs)
