@@ -118,12 +118,12 @@ def main(argv):
                  completion_tokens=rollout.completion_tokens,
                  completion_mask=rollout.completion_mask, adv=adv)
     old = sampler.score(state.params, **batch_inputs(batch), temperature=config.temperature)
-    batch["old_logp"] = old.logp
+    batch["old_logp"] = old.logp.block_until_ready()
     timings["time/score"] = time.perf_counter() - tic
     if config.loss.beta > 0:
       tic = time.perf_counter()
       batch["ref_logp"] = sampler.score(reference_params, **batch_inputs(batch),
-                                        temperature=config.temperature).logp
+                                        temperature=config.temperature).logp.block_until_ready()
       timings["time/reference"] = time.perf_counter() - tic
     batch = rl.with_normalizers(batch)
     tic = time.perf_counter()
