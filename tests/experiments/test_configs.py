@@ -1,0 +1,45 @@
+"""Every config builds, in every mode, with valid registry names and fitting lengths."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from jaxrl_post import losses
+from jaxrl_post.advantages import ADVANTAGES
+from jaxrl_post.models import get_model_config
+from jaxrl_post.tasks.base import get_task
+from jaxrl_post.tokenizers import get_tokenizer
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.py"))
+
+
+def _load(path):
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("arg", ["", "runlocal", "sft", "sft,runlocal"])
+def test_config_builds_and_names_are_valid(path, arg):
+  module = _load(path)
+  if "sft" in arg and "grpo" not in path.stem:
+    pytest.skip("only grpo_* configs have an :sft variant")
+  if "sft" in arg and path.stem == "grpo_arith":
+    pytest.skip("the arithmetic SFT config is its own file")
+  config = module.get_config(arg)
+  task = get_task(config.task, **dict(config.task_knobs))
+  tokenizer = get_tokenizer(config.tokenizer)
+  model = get_model_config(config.model, vocab_size=tokenizer.vocab_size)
+  assert model.vocab_size >= tokenizer.vocab_size
+  longest_prompt = max(len(tokenizer.encode(task.make_example("train", i)["prompt"]))
+                       for i in range(200))
+  assert longest_prompt <= config.prompt_len, (longest_prompt, config.prompt_len)
+  if "loss" in config:
+    losses.POLICY_LOSSES.get(config.loss.name)
+    ADVANTAGES.get(config.advantage)
+  added = []
+  module.sweep(lambda **kw: added.append(kw))
+  assert added and all(isinstance(kw, dict) for kw in added)
