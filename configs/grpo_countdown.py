@@ -15,19 +15,9 @@ from jaxrl_post.training import base_configs
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, sft=False, model="small", loss="grpo")
-  config = base_configs.sft_base() if arg.sft else base_configs.grpo_base(arg.loss)
-  config.task = "countdown"
-  config.task_knobs = dict(num_numbers=3)
-  config.model = arg.model
-  config.prompt_len = 96  # prompts are ≤ 90 characters
-  if arg.sft:
-    config.completion_len = 48
-  else:
-    config.max_new_tokens = 48
-  if arg.runlocal:
-    (base_configs.shrink_sft_for_runlocal if arg.sft else
-     base_configs.shrink_grpo_for_runlocal)(config)
-  return config
+  # prompts are ≤ 90 characters
+  return base_configs.task_config(arg, task="countdown", task_knobs=dict(num_numbers=3),
+                                  prompt_len=96, completion_len=48)
 
 
 def sweep(add, arg=None):

@@ -15,19 +15,9 @@ from jaxrl_post.training import base_configs
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, sft=False, model="small", loss="grpo")
-  config = base_configs.sft_base() if arg.sft else base_configs.grpo_base(arg.loss)
-  config.task = "format"
-  config.task_knobs = dict()
-  config.model = arg.model
-  config.prompt_len = 80  # prompts are ≤ 71 characters
-  if arg.sft:
-    config.completion_len = 24
-  else:
-    config.max_new_tokens = 24
-  if arg.runlocal:
-    (base_configs.shrink_sft_for_runlocal if arg.sft else
-     base_configs.shrink_grpo_for_runlocal)(config)
-  return config
+  # prompts are ≤ 71 characters
+  return base_configs.task_config(arg, task="format", task_knobs={}, prompt_len=80,
+                                  completion_len=24)
 
 
 def sweep(add, arg=None):

@@ -99,3 +99,23 @@ def shrink_grpo_for_runlocal(config: ml_collections.ConfigDict) -> None:
   config.eval_pass_k = 2
   config.checkpoint_every = 2
   config.optimizer.decay_steps = 8
+
+
+def task_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
+                completion_len: int) -> ml_collections.ConfigDict:
+  """GRPO config for `task` (or its SFT counterpart when `arg.sft`), shrunk by `arg.runlocal`.
+
+  `arg` holds `sft`, `runlocal`, `model` and `loss` (see configs/grpo_countdown.py).
+  """
+  config = sft_base() if arg.sft else grpo_base(arg.loss)
+  config.task = task
+  config.task_knobs = dict(task_knobs)
+  config.model = arg.model
+  config.prompt_len = prompt_len
+  if arg.sft:
+    config.completion_len = completion_len
+  else:
+    config.max_new_tokens = completion_len
+  if arg.runlocal:
+    (shrink_sft_for_runlocal if arg.sft else shrink_grpo_for_runlocal)(config)
+  return config
