@@ -11,7 +11,9 @@ from jaxrl_post.models import get_model_config
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tokenizers import get_tokenizer
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.py"))
+_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The LM post-training configs (SFT / GRPO); other experiment families test their own.
+CONFIGS = sorted([*_CONFIG_DIR.glob("sft_*.py"), *_CONFIG_DIR.glob("grpo_*.py")])
 
 
 def _load(path):
