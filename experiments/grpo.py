@@ -25,6 +25,7 @@ from jaxrl_post.training import rl
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer
 from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.preemption import PreemptionGuard
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -97,6 +98,7 @@ def main(argv):
   # ---- Train loop ----
   bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
                   total=config.steps, desc="grpo", dynamic_ncols=True)
+  guard = PreemptionGuard().__enter__()
   for step in bar:
     timings = {}
     records = next(data_iter)
@@ -147,8 +149,13 @@ def main(argv):
                     tok_s=f"{record['train/tokens_per_s']:.0f}")
     if step % config.eval_every == 0 or step == config.steps:
       run_eval(step)
-    if step % config.checkpoint_every == 0 or step == config.steps:
+    if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
       checkpointer.save(step, state, extra={"data": data_iter.get_state(), "rl_step": step})
+    if guard.requested:
+      print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
+            "rerun the same command to resume")
+      break
+  guard.__exit__(None, None, None)
   checkpointer.close()
   writer.close()
   evals = [r for r in read_metrics(workdir) if "eval/accuracy" in r]

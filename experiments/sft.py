@@ -18,7 +18,8 @@ from jaxrl_post.tasks import data as task_data
 from jaxrl_post.training import rl
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer
-from jaxrl_post.training.metrics import MetricWriter
+from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.preemption import PreemptionGuard
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -71,6 +72,7 @@ def main(argv):
   # ---- Train loop ----
   bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
                   total=config.steps, desc="sft", dynamic_ncols=True)
+  guard = PreemptionGuard().__enter__()
   for step in bar:
     records = next(data_iter)
     batch = rl.encode_pairs(tokenizer, records["prompt"], records["demonstration"],
@@ -85,8 +87,13 @@ def main(argv):
       bar.set_postfix(nll=f"{metrics['nll']:.3f}")
     if step % config.eval_every == 0 or step == config.steps:
       run_eval(step)
-    if step % config.checkpoint_every == 0 or step == config.steps:
+    if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
       checkpointer.save(step, state, extra={"data": data_iter.get_state()})
+    if guard.requested:
+      print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
+            "rerun the same command to resume")
+      break
+  guard.__exit__(None, None, None)
   checkpointer.close()
   writer.close()
   print(f"SFT done: checkpoint in {run_setup.checkpoint_dir(workdir)}, "
@@ -94,7 +101,6 @@ def main(argv):
 
 
 def run_eval_cached(workdir) -> float:
-  from jaxrl_post.training.metrics import read_metrics
   evals = [r for r in read_metrics(workdir) if "eval/accuracy" in r]
   return evals[-1]["eval/accuracy"] if evals else float(np.nan)
 
