@@ -1,0 +1,160 @@
+r"""Sampler throughput: jaxrl_post vs Hugging Face `transformers.generate`, same run.
+
+  python scripts/bench_sampler.py                 # CPU: `small`, batch 64, prompt 64, 128 new
+  python scripts/bench_sampler.py --skip_transformers --model=qwen3_0p6b   # on a GPU
+
+One JSON line per measurement:
+  {"what": "sampler", "engine": "jaxrl_post" | "transformers", "case": "n1" | "n8", ...,
+   "prefill_tokens_per_s", "ttft_s", "decode_tokens_per_s", "total_s"}
+  {"what": "sampler_ratio", "case": ..., "decode_speedup": ours / transformers, ...}
+
+Both engines sample at temperature 1 over the full vocabulary with the KV cache,
+never stop early (no EOS), and run the same architecture and sizes (random
+weights; speed does not depend on them). Case "n1": 64 distinct prompts;
+case "n8": 8 prompts × 8 samples (we prefill once per prompt and copy the
+cache; transformers expands the prompts with `num_return_sequences`).
+On a GPU the script adds the decode rate as a fraction of the HBM-bandwidth
+roofline, with the bandwidth measured by a device copy in the same run.
+"""
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+
+from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.sampling import Sampler
+from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
+
+_MODEL = flags.DEFINE_string("model", "small", "Model preset.")
+_BATCH = flags.DEFINE_integer("batch", 64, "Rows generated together.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.")
+_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 128, "Generated tokens per row.")
+_GROUP = flags.DEFINE_integer("group", 8, "Samples per prompt in the second case.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (median), after a warm-up.")
+_DTYPE = flags.DEFINE_string("dtype", "float32", "Parameter / compute dtype.")
+_SKIP_HF = flags.DEFINE_bool("skip_transformers", False, "Only time jaxrl_post.")
+
+
+def _median_time(fn) -> float:
+  fn()
+  times = []
+  for _ in range(_REPEATS.value):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def _ours(model, prompts: np.ndarray, n: int) -> dict:
+  sampler = Sampler(model, max_prompt_len=prompts.shape[1], eos_ids=[])
+  state = nnx.state(model)
+  tokens, mask, _ = sampler._pad_prompts(prompts.tolist())
+  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  t = _NEW_TOKENS.value
+  cache_len = tokens.shape[1] + t
+  static = sampler._static
+  end, stop = _end_ids([], "eos"), _end_ids([], "stop")
+
+  def prefill():
+    return jax.block_until_ready(_prefill(state, tokens, mask, cache_len=cache_len,
+                                          num_samples=n, **static))
+
+  def decode(start):
+    return jax.block_until_ready(_decode(
+      state, start.cache, start.logits, start.positions, jax.random.key(0), end, stop,
+      jnp.float32(1.0), jnp.float32(1.0), max_new_tokens=t, top_k=0, greedy=False,
+      num_logprobs=0, pad_id=0, **static))
+
+  ttft = _median_time(prefill)
+  decode_s = _median_time(lambda: decode(prefill())) - ttft  # the cache is donated
+  total = _median_time(lambda: sampler.generate(state, prompts.tolist(), n_samples_per_prompt=n,
+                                                max_new_tokens=t, rng=jax.random.key(1))
+                       .completion_tokens.block_until_ready())
+  rows = prompts.shape[0] * n
+  return dict(ttft_s=ttft, prefill_tokens_per_s=prompts.size / ttft,
+              decode_tokens_per_s=rows * (t - 1) / decode_s, total_s=total,
+              total_tokens_per_s=rows * t / total)
+
+
+def _transformers(config, prompts: np.ndarray, n: int) -> dict:
+  import torch
+  import transformers
+
+  from jaxrl_post.models.hf import config_to_hf
+
+  hf_config = config_to_hf(config)
+  hf_config.update(eos_token_id=None, bos_token_id=None, pad_token_id=0)
+  hf_class = getattr(transformers, f"{hf_config['architectures'][0][:-len('ForCausalLM')]}Config")
+  model = transformers.AutoModelForCausalLM.from_config(hf_class(**hf_config)).eval()
+  model = model.to(getattr(torch, _DTYPE.value))
+  ids = torch.tensor(prompts, dtype=torch.long)
+  attention = torch.ones_like(ids)
+  t = _NEW_TOKENS.value
+
+  def generate(new_tokens):
+    with torch.no_grad():
+      return model.generate(input_ids=ids, attention_mask=attention, do_sample=True,
+                            temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, num_return_sequences=n, use_cache=True,
+                            pad_token_id=0)
+
+  ttft = _median_time(lambda: generate(1))
+  total = _median_time(lambda: generate(t))
+  rows = prompts.shape[0] * n
+  return dict(ttft_s=ttft, prefill_tokens_per_s=prompts.size * n / ttft,
+              decode_tokens_per_s=rows * (t - 1) / (total - ttft), total_s=total,
+              total_tokens_per_s=rows * t / total, torch_threads=torch.get_num_threads())
+
+
+def _hbm_bandwidth() -> float:
+  x = jnp.ones((256 * 1024 * 1024,), jnp.float32)  # 1 GiB
+  copy = jax.jit(lambda x: x * 1.0001)
+  seconds = _median_time(lambda: copy(x).block_until_ready())
+  return 2 * x.nbytes / seconds  # read + write
+
+
+def main(argv):
+  del argv
+  config = get_model_config(_MODEL.value, param_dtype=_DTYPE.value, dtype=_DTYPE.value)
+  model = CausalLM(config, rngs=nnx.Rngs(0))
+  rng = np.random.RandomState(0)
+  g = _GROUP.value
+  cases = {"n1": (_BATCH.value, 1), f"n{g}": (_BATCH.value // g, g)}
+  common = dict(model=_MODEL.value, dtype=_DTYPE.value, batch=_BATCH.value,
+                prompt_len=_PROMPT_LEN.value, max_new_tokens=_NEW_TOKENS.value,
+                backend=jax.default_backend())
+  for case, (prompts_count, n) in cases.items():
+    prompts = rng.randint(3, config.vocab_size, (prompts_count, _PROMPT_LEN.value))
+    ours = _ours(model, prompts, n)
+    row = dict(what="sampler", engine="jaxrl_post", case=case, **common, **ours)
+    if jax.default_backend() == "gpu":
+      # Each decode step reads every weight and the whole cache once.
+      bandwidth = _hbm_bandwidth()
+      mean_context = _PROMPT_LEN.value + _NEW_TOKENS.value / 2
+      cache_bytes = (2 * config.num_layers * _BATCH.value * config.num_kv_heads * config.head_dim
+                     * mean_context * jnp.dtype(config.dtype).itemsize)
+      step_bytes = config.num_params() * jnp.dtype(config.param_dtype).itemsize + cache_bytes
+      roofline = _BATCH.value * bandwidth / step_bytes
+      row.update(hbm_bandwidth_gbs=bandwidth / 1e9, roofline_tokens_per_s=roofline,
+                 fraction_of_roofline=ours["decode_tokens_per_s"] / roofline)
+    print(json.dumps(row), flush=True)
+    if _SKIP_HF.value:
+      continue
+    theirs = _transformers(config, prompts, n)
+    print(json.dumps(dict(what="sampler", engine="transformers", case=case, **common, **theirs)),
+          flush=True)
+    print(json.dumps(dict(
+      what="sampler_ratio", case=case,
+      decode_speedup=ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
+      prefill_speedup=ours["prefill_tokens_per_s"] / theirs["prefill_tokens_per_s"],
+      ttft_ratio=theirs["ttft_s"] / ours["ttft_s"],
+      total_speedup=theirs["total_s"] / ours["total_s"])), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
