@@ -34,6 +34,7 @@ _TEST = [
     "nbclient",
     "ipykernel",
     "ruff",
+    "gymnax>=1.0.1",  # MLREF's inner PPO tests (jaxrl_post.rl_control)
 ]
 
 setuptools.setup(
@@ -47,5 +48,6 @@ setuptools.setup(
         "test": _TEST,
         "gpu": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
+        "control": ["gymnax>=1.0.1"],
     },
 )

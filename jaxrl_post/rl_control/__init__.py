@@ -1,0 +1,11 @@
+"""Inner RL for reward evolution: PPO in pure JAX on gymnax classic-control tasks.
+
+Submodules (import them directly):
+
+* `envs`: `ControlTask`, a gymnax environment plus the feature dict that reward modules read
+  and the task/environment text the proposer sees (CartPole-v1, Pendulum-v1).
+* `ppo`: `make_train(config, task, ...)`, a purejaxrl-shaped, jittable, seed-`vmap`-able PPO that
+  learns from a shaped reward and reports the task's true fitness separately.
+* `adapter`: `make_train_fn`, the `train_fn(RewardCandidate) -> TrainResult` that
+  `rewards.evolution.evolve` drives; plus the baseline proposers (monolithic, no-pool).
+"""
