@@ -38,10 +38,7 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
 
   # ---- Task, tokenizer, model, loss (validated before anything compiles) ----
-  task = run_setup.build_task(config)
-  tokenizer = run_setup.build_tokenizer(config)
-  start = run_setup.start_point(config, workdir)
-  model = run_setup.build_model(config, tokenizer, start)
+  task, tokenizer, start, model = run_setup.build_run(config, workdir)
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
   try:
     loss_fn = rl.make_policy_loss(policy_loss=config.loss.name,
@@ -98,64 +95,63 @@ def main(argv):
   # ---- Train loop ----
   bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
                   total=config.steps, desc="grpo", dynamic_ncols=True)
-  guard = PreemptionGuard().__enter__()
-  for step in bar:
-    timings = {}
-    records = next(data_iter)
-    records = [{k: records[k][i] for k in records} for i in range(len(records["prompt"]))]
-    tic = time.perf_counter()
-    rollout = sampler.generate(state.params, [r["prompt"] for r in records],
-                               n_samples_per_prompt=g, max_new_tokens=config.max_new_tokens,
-                               temperature=config.temperature, top_k=config.top_k,
-                               top_p=config.top_p, rng=jax.random.fold_in(rng, step))
-    rollout.completion_tokens.block_until_ready()
-    timings["time/generate"] = time.perf_counter() - tic
-    texts = sampler.decode_text(rollout)
-    correct, fmt, failures = rl.rewards_for(task, records, texts, g)
-    rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in reward_names], axis=1)
-    adv = advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
-                       eps=config.advantage_eps, reward_weights=reward_weights)
-    tic = time.perf_counter()
-    batch = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
-                 completion_tokens=rollout.completion_tokens,
-                 completion_mask=rollout.completion_mask, adv=adv)
-    old = sampler.score(state.params, **batch_inputs(batch), temperature=config.temperature)
-    batch["old_logp"] = old.logp.block_until_ready()
-    timings["time/score"] = time.perf_counter() - tic
-    if config.loss.beta > 0:
+  with PreemptionGuard() as guard:
+    for step in bar:
+      timings = {}
+      records = next(data_iter)
+      records = [{k: records[k][i] for k in records} for i in range(len(records["prompt"]))]
       tic = time.perf_counter()
-      batch["ref_logp"] = sampler.score(reference_params, **batch_inputs(batch),
-                                        temperature=config.temperature).logp.block_until_ready()
-      timings["time/reference"] = time.perf_counter() - tic
-    batch = rl.with_normalizers(batch)
-    tic = time.perf_counter()
-    for _ in range(config.ppo_epochs):
-      state, metrics = step_fn(state, batch)
-    metrics = run_setup.host_metrics(metrics)
-    timings["time/update"] = time.perf_counter() - tic
-    if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
-      raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
-                         f"non-finite loss or gradient (step {step}); stopping")
-    tokens = int(np.asarray(rollout.completion_mask).sum())
-    record = {f"train/{k}": v for k, v in metrics.items()}
-    record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old.logp).items()})
-    record.update({"train/reward_correct": float(np.nanmean(correct)),
-                   "train/reward_format": float(np.nanmean(fmt)),
-                   "train/reward_failures": failures,
-                   "train/tokens_per_s": tokens / sum(timings.values()), **timings})
-    if step % config.log_every == 0 or step == config.steps:
-      writer.write(step, record)
-    bar.set_postfix(reward=f"{record['train/reward_correct']:.3f}",
-                    tok_s=f"{record['train/tokens_per_s']:.0f}")
-    if step % config.eval_every == 0 or step == config.steps:
-      run_eval(step)
-    if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
-      checkpointer.save(step, state, extra={"data": data_iter.get_state(), "rl_step": step})
-    if guard.requested:
-      print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
-            "rerun the same command to resume")
-      break
-  guard.__exit__(None, None, None)
+      rollout = sampler.generate(state.params, [r["prompt"] for r in records],
+                                 n_samples_per_prompt=g, max_new_tokens=config.max_new_tokens,
+                                 temperature=config.temperature, top_k=config.top_k,
+                                 top_p=config.top_p, rng=jax.random.fold_in(rng, step))
+      rollout.completion_tokens.block_until_ready()
+      timings["time/generate"] = time.perf_counter() - tic
+      texts = sampler.decode_text(rollout)
+      correct, fmt, failures = rl.rewards_for(task, records, texts, g)
+      rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in reward_names], axis=1)
+      adv = advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
+                         eps=config.advantage_eps, reward_weights=reward_weights)
+      tic = time.perf_counter()
+      batch = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
+                   completion_tokens=rollout.completion_tokens,
+                   completion_mask=rollout.completion_mask, adv=adv)
+      old = sampler.score(state.params, **batch_inputs(batch), temperature=config.temperature)
+      batch["old_logp"] = old.logp.block_until_ready()
+      timings["time/score"] = time.perf_counter() - tic
+      if config.loss.beta > 0:
+        tic = time.perf_counter()
+        batch["ref_logp"] = sampler.score(reference_params, **batch_inputs(batch),
+                                          temperature=config.temperature).logp.block_until_ready()
+        timings["time/reference"] = time.perf_counter() - tic
+      batch = rl.with_normalizers(batch)
+      tic = time.perf_counter()
+      for _ in range(config.ppo_epochs):
+        state, metrics = step_fn(state, batch)
+      metrics = run_setup.host_metrics(metrics)
+      timings["time/update"] = time.perf_counter() - tic
+      if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
+        raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
+                           f"non-finite loss or gradient (step {step}); stopping")
+      tokens = int(np.asarray(rollout.completion_mask).sum())
+      record = {f"train/{k}": v for k, v in metrics.items()}
+      record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old.logp).items()})
+      record.update({"train/reward_correct": float(np.nanmean(correct)),
+                     "train/reward_format": float(np.nanmean(fmt)),
+                     "train/reward_failures": failures,
+                     "train/tokens_per_s": tokens / sum(timings.values()), **timings})
+      if step % config.log_every == 0 or step == config.steps:
+        writer.write(step, record)
+      bar.set_postfix(reward=f"{record['train/reward_correct']:.3f}",
+                      tok_s=f"{record['train/tokens_per_s']:.0f}")
+      if step % config.eval_every == 0 or step == config.steps:
+        run_eval(step)
+      if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
+        checkpointer.save(step, state, extra={"data": data_iter.get_state(), "rl_step": step})
+      if guard.requested:
+        print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
+              "rerun the same command to resume")
+        break
   checkpointer.close()
   writer.close()
   evals = [r for r in read_metrics(workdir) if "eval/accuracy" in r]

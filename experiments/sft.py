@@ -32,10 +32,7 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
 
   # ---- Task, tokenizer, model (all validated before anything compiles) ----
-  task = run_setup.build_task(config)
-  tokenizer = run_setup.build_tokenizer(config)
-  start = run_setup.start_point(config, workdir)
-  model = run_setup.build_model(config, tokenizer, start)
+  task, tokenizer, start, model = run_setup.build_run(config, workdir)
   logging.info("start: %s; model %s (%.2fM parameters)", start.kind, config.model,
                model.config.num_params() / 1e6)
 
@@ -72,28 +69,27 @@ def main(argv):
   # ---- Train loop ----
   bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
                   total=config.steps, desc="sft", dynamic_ncols=True)
-  guard = PreemptionGuard().__enter__()
-  for step in bar:
-    records = next(data_iter)
-    batch = rl.encode_pairs(tokenizer, records["prompt"], records["demonstration"],
-                            prompt_len=config.prompt_len, completion_len=config.completion_len)
-    state, metrics = step_fn(state, rl.with_normalizers(batch))
-    if step % config.log_every == 0 or step == config.steps:
-      metrics = run_setup.host_metrics(metrics)
-      if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
-        raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
-                           f"non-finite loss or gradient (step {step}); stopping")
-      writer.write(step, {f"train/{k}": v for k, v in metrics.items()})
-      bar.set_postfix(nll=f"{metrics['nll']:.3f}")
-    if step % config.eval_every == 0 or step == config.steps:
-      run_eval(step)
-    if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
-      checkpointer.save(step, state, extra={"data": data_iter.get_state()})
-    if guard.requested:
-      print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
-            "rerun the same command to resume")
-      break
-  guard.__exit__(None, None, None)
+  with PreemptionGuard() as guard:
+    for step in bar:
+      records = next(data_iter)
+      batch = rl.encode_pairs(tokenizer, records["prompt"], records["demonstration"],
+                              prompt_len=config.prompt_len, completion_len=config.completion_len)
+      state, metrics = step_fn(state, rl.with_normalizers(batch))
+      if step % config.log_every == 0 or step == config.steps:
+        metrics = run_setup.host_metrics(metrics)
+        if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
+          raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
+                             f"non-finite loss or gradient (step {step}); stopping")
+        writer.write(step, {f"train/{k}": v for k, v in metrics.items()})
+        bar.set_postfix(nll=f"{metrics['nll']:.3f}")
+      if step % config.eval_every == 0 or step == config.steps:
+        run_eval(step)
+      if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
+        checkpointer.save(step, state, extra={"data": data_iter.get_state()})
+      if guard.requested:
+        print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
+              "rerun the same command to resume")
+        break
   checkpointer.close()
   writer.close()
   print(f"SFT done: checkpoint in {run_setup.checkpoint_dir(workdir)}, "

@@ -105,3 +105,11 @@ def start_point(config, workdir: str, *, ignore_workdir: bool = False) -> StartP
 
 def host_metrics(metrics) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def build_run(config, workdir: str):
+  """`(task, tokenizer, start point, model)` of a run, all validated before compiling."""
+  task = build_task(config)
+  tokenizer = build_tokenizer(config)
+  start = start_point(config, workdir)
+  return task, tokenizer, start, build_model(config, tokenizer, start)
