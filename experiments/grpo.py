@@ -46,6 +46,11 @@ def main(argv):
     advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
   except KeyError as e:
     raise ValueError(f"config.loss.name / config.advantage: {e}") from None
+  rollouts = config.prompts_per_step * config.group_size
+  if rollouts % (config.ppo_mini_batches * config.num_micro_batches):
+    raise ValueError(f"config.ppo_mini_batches ({config.ppo_mini_batches}) × "
+                     f"config.num_micro_batches ({config.num_micro_batches}) must divide the "
+                     f"{rollouts} rollouts per step (prompts_per_step × group_size)")
   reward_names = list(config.reward_weights)
   reward_weights = jnp.asarray([config.reward_weights[k] for k in reward_names], jnp.float32)
   logging.info("start: %s; model %.2fM parameters", start.kind, model.config.num_params() / 1e6)
@@ -56,7 +61,8 @@ def main(argv):
   eval_records = [task.make_example("test", i) for i in range(config.eval_examples)]
 
   # ---- Train state, reference model, update step, restore ----
-  optimizer = run_setup.build_optimizer(config, config.steps * config.ppo_epochs)
+  updates_per_step = config.ppo_epochs * config.ppo_mini_batches
+  optimizer = run_setup.build_optimizer(config, config.steps * updates_per_step)
   state = create_train_state(model, optimizer, jax.random.key(config.seed))
   graphdef = nnx.split(model)[0]
   step_fn = make_train_step(graphdef, loss_fn, optimizer,
@@ -85,7 +91,8 @@ def main(argv):
   def run_eval(step):
     metrics = rl.evaluate(sampler, state.params, task, eval_records,
                           max_new_tokens=config.max_new_tokens, k=config.eval_pass_k,
-                          temperature=config.temperature, rng=jax.random.key(step))
+                          temperature=config.temperature, rng=jax.random.key(step),
+                          timeout_s=config.reward_timeout_s)
     writer.write(step, {f"eval/{k}": v for k, v in metrics.items()})
     logging.info("step %d eval: %s", step, metrics)
     return metrics
@@ -108,7 +115,8 @@ def main(argv):
       rollout.completion_tokens.block_until_ready()
       timings["time/generate"] = time.perf_counter() - tic
       texts = sampler.decode_text(rollout)
-      correct, fmt, failures = rl.rewards_for(task, records, texts, g)
+      correct, fmt, failures = rl.rewards_for(task, records, texts, g,
+                                              timeout_s=config.reward_timeout_s)
       rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in reward_names], axis=1)
       adv = advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
                          eps=config.advantage_eps, reward_weights=reward_weights)
@@ -124,11 +132,17 @@ def main(argv):
         batch["ref_logp"] = sampler.score(reference_params, **batch_inputs(batch),
                                           temperature=config.temperature).logp.block_until_ready()
         timings["time/reference"] = time.perf_counter() - tic
-      batch = rl.with_normalizers(batch)
       tic = time.perf_counter()
+      # PPO: `ppo_epochs` passes over the rollouts, each in `ppo_mini_batches`
+      # shuffled updates; the shuffle depends only on (seed, step), so a
+      # resumed run takes the same updates.
+      shuffle = np.random.default_rng([config.seed, step])
+      updates = []
       for _ in range(config.ppo_epochs):
-        state, metrics = step_fn(state, batch)
-      metrics = run_setup.host_metrics(metrics)
+        for mini_batch in rl.ppo_mini_batches(batch, config.ppo_mini_batches, shuffle):
+          state, metrics = step_fn(state, mini_batch)
+          updates.append(metrics)
+      metrics = rl.mean_update_metrics([run_setup.host_metrics(m) for m in updates])
       timings["time/update"] = time.perf_counter() - tic
       if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
         raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
@@ -138,7 +152,9 @@ def main(argv):
       record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old.logp).items()})
       record.update({"train/reward_correct": float(np.nanmean(correct)),
                      "train/reward_format": float(np.nanmean(fmt)),
-                     "train/reward_failures": failures,
+                     "train/reward_failures": failures.total,
+                     "train/reward_errors": failures.errors,
+                     "train/reward_timeouts": failures.timeouts,
                      "train/tokens_per_s": tokens / sum(timings.values()), **timings})
       if step % config.log_every == 0 or step == config.steps:
         writer.write(step, record)

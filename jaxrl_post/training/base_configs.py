@@ -53,6 +53,11 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   config.top_p = 1.0
   config.steps = 30
   config.ppo_epochs = 1
+  # Optimizer updates per epoch: the rollouts of a step are shuffled and split
+  # into this many mini-batches (each of them then into `num_micro_batches`).
+  config.ppo_mini_batches = 1
+  # A verifier call that runs longer than this counts as a missing reward.
+  config.reward_timeout_s = 10.0
   config.num_micro_batches = 2
   config.advantage = "grpo"
   config.advantage_eps = 1e-6
@@ -92,6 +97,7 @@ def shrink_grpo_for_runlocal(config: ml_collections.ConfigDict) -> None:
   config.steps = 4
   config.prompts_per_step = 2
   config.group_size = 4
+  config.ppo_mini_batches = 2  # exercised by the tests: 8 rollouts → 2 updates of 2 × 2 rows
   config.max_new_tokens = 12
   config.num_train_examples = 64
   config.eval_every = 2

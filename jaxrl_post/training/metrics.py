@@ -44,11 +44,23 @@ def _json_safe(value):
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  """All records of `workdir/metrics.jsonl`, in order."""
+  """All records of `workdir/metrics.jsonl`, in order.
+
+  A process killed mid-write (SIGKILL) can leave a truncated last line; it is
+  skipped, since its step is redone after the resume anyway.
+  """
   path = Path(workdir) / METRICS_FILE
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  lines = [line for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  for i, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i != len(lines) - 1:
+        raise ValueError(f"{path}: line {i + 1} is not JSON: {line[:80]!r}") from None
+  return records
 
 
 class MetricWriter:
@@ -65,7 +77,10 @@ class MetricWriter:
     path = self.workdir / METRICS_FILE
     if resume_step is not None and path.exists():
       kept = [r for r in read_metrics(self.workdir) if r.get("step", 0) <= resume_step]
-      path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+      # Write-then-rename: a kill during the rewrite must not lose the history.
+      tmp = path.with_suffix(".jsonl.tmp")
+      tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+      os.replace(tmp, path)
     elif resume_step is None and path.exists():
       path.unlink()  # a fresh run in a reused workdir starts a fresh file
     self._file = open(path, "a")  # noqa: SIM115 - kept open for the run

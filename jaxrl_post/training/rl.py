@@ -6,8 +6,11 @@ lives in `jaxrl_post.losses` and `jaxrl_post.advantages`.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -86,37 +89,117 @@ def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0, **l
   return loss
 
 
+class VerifierTimeout(Exception):
+  """A verifier ran past its time limit on one sample."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+  """Raises `VerifierTimeout` in the body after `seconds` of wall clock.
+
+  Uses SIGALRM (a real interrupt, so a verifier stuck in a Python loop or a
+  sleep is stopped); off the main thread, or on platforms without it, the
+  body runs without a limit.
+  """
+  usable = (seconds and hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread())
+  if not usable:
+    yield
+    return
+
+  def on_alarm(signum, frame):
+    raise VerifierTimeout(f"verifier exceeded {seconds} s")
+
+  previous = signal.signal(signal.SIGALRM, on_alarm)
+  signal.setitimer(signal.ITIMER_REAL, seconds)
+  try:
+    yield
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+class RewardFailures(NamedTuple):
+  """How many samples got no reward, by cause."""
+
+  errors: int = 0
+  timeouts: int = 0
+
+  @property
+  def total(self) -> int:
+    return self.errors + self.timeouts
+
+
 def rewards_for(task: Task, records: Sequence[Mapping[str, Any]], texts: Sequence[str],
-                group_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+                group_size: int, *, timeout_s: float | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, RewardFailures]:
   """Scores `texts` (group_size per record) with the task's verifier.
 
-  A verifier that raises gives NaN (a missing reward, which the advantages
-  ignore) instead of stopping the run; the count of such failures is returned.
+  A verifier that raises, or runs past `timeout_s` seconds on a sample, gives
+  NaN (a missing reward, which the advantages ignore) instead of stopping the
+  run; the failures are counted by cause.
   """
   correct = np.zeros(len(texts), np.float32)
   fmt = np.zeros(len(texts), np.float32)
-  failures = 0
+  errors = timeouts = 0
   for i, text in enumerate(texts):
     try:
-      correct[i], fmt[i] = task.reward(records[i // group_size], text)
+      with _time_limit(timeout_s):
+        correct[i], fmt[i] = task.reward(records[i // group_size], text)
+    except VerifierTimeout:
+      correct[i] = fmt[i] = np.nan
+      timeouts += 1
     except Exception:  # noqa: BLE001 - any verifier bug must not kill training
       correct[i] = fmt[i] = np.nan
-      failures += 1
-  return correct, fmt, failures
+      errors += 1
+  return correct, fmt, RewardFailures(errors, timeouts)
+
+
+def ppo_mini_batches(batch: Mapping[str, Any], num_mini_batches: int,
+                     rng: np.random.Generator) -> list[dict[str, Any]]:
+  """Splits a rollout batch into `num_mini_batches` shuffled row subsets, one optimizer step each.
+
+  Every array in `batch` has the rollout rows on axis 0. Each mini-batch gets
+  its own `num_tokens` / `num_sequences` (it is a separate update), so a
+  token-mean loss averages over that mini-batch's tokens, as in PPO.
+  """
+  rows = len(batch["completion_mask"])
+  if num_mini_batches < 1 or rows % num_mini_batches:
+    raise ValueError(f"config.ppo_mini_batches={num_mini_batches} must divide the "
+                     f"{rows} rollouts of a step")
+  order = rng.permutation(rows)
+  size = rows // num_mini_batches
+  chunks = [np.sort(order[i * size:(i + 1) * size]) for i in range(num_mini_batches)]
+  return [with_normalizers({k: v[idx] for k, v in batch.items()}) for idx in chunks]
 
 
 def evaluate(sampler: Sampler, state, task: Task, records: Sequence[Mapping[str, Any]], *,
              max_new_tokens: int, k: int = 4, temperature: float = 1.0,
-             rng: jax.Array | None = None) -> dict[str, float]:
+             rng: jax.Array | None = None, timeout_s: float | None = None) -> dict[str, float]:
   """Held-out greedy accuracy and format rate, and pass@k at `temperature`."""
   prompts = [r["prompt"] for r in records]
   greedy = sampler.generate(state, prompts, max_new_tokens=max_new_tokens, greedy=True)
-  correct, fmt, _ = rewards_for(task, records, sampler.decode_text(greedy), 1)
+  correct, fmt, _ = rewards_for(task, records, sampler.decode_text(greedy), 1,
+                               timeout_s=timeout_s)
   metrics = {"accuracy": float(np.nanmean(correct)), "format": float(np.nanmean(fmt))}
   if k:
     rng = jax.random.key(0) if rng is None else rng
     sampled = sampler.generate(state, prompts, n_samples_per_prompt=k,
                                max_new_tokens=max_new_tokens, temperature=temperature, rng=rng)
-    correct_k, _, _ = rewards_for(task, records, sampler.decode_text(sampled), k)
+    correct_k, _, _ = rewards_for(task, records, sampler.decode_text(sampled), k,
+                                  timeout_s=timeout_s)
     metrics[f"pass_at_{k}"] = float(np.mean(np.nanmax(correct_k.reshape(-1, k), axis=1) > 0.5))
   return metrics
+
+
+def mean_update_metrics(updates: Sequence[Mapping[str, float]]) -> dict[str, float]:
+  """Metrics of one RL step's several optimizer updates: the mean, except running counters.
+
+  `nonfinite_streak` is a counter carried in the train state, so the last
+  update's value is the current one; `skipped` adds up.
+  """
+  merged = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]}
+  merged["nonfinite_streak"] = updates[-1]["nonfinite_streak"]
+  merged["skipped"] = float(sum(u["skipped"] for u in updates))
+  merged["num_updates"] = float(len(updates))
+  return merged

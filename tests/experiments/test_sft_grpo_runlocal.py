@@ -1,47 +1,69 @@
-"""The SFT and GRPO binaries in runlocal mode, chained, and an exact resume of GRPO."""
+"""SFT and GRPO binaries in runlocal mode, chained, and an exact GRPO resume after SIGKILL."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, XLA_FLAGS="")
 
 
-def _run(binary, config, workdir, *extra):
-  env = dict(os.environ, XLA_FLAGS="")
-  result = subprocess.run(
-    [sys.executable, str(ROOT / "experiments" / binary), f"--config={ROOT / 'configs' / config}",
-     f"--workdir={workdir}", *extra], capture_output=True, text=True, env=env, timeout=600,
-    check=False)
+def _command(binary, config, workdir, *extra):
+  return [sys.executable, str(ROOT / "experiments" / binary),
+          f"--config={ROOT / 'configs' / config}", f"--workdir={workdir}", *extra]
+
+
+def _run(*args):
+  result = subprocess.run(_command(*args), capture_output=True, text=True, env=ENV, timeout=600,
+                          check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return result
 
 
-def test_sft_then_grpo_then_resume(tmp_path):
+def _finished_checkpoints(workdir):
+  root = workdir / "checkpoints"
+  return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+
+
+def test_sft_then_grpo_then_resume_after_sigkill(tmp_path):
   sft = tmp_path / "sft"
   _run("sft.py", "sft_arith.py:runlocal", sft)
   assert (sft / "checkpoints" / "6").is_dir()
   assert any("eval/accuracy" in r for r in read_metrics(sft))
 
   grpo = tmp_path / "grpo"
-  result = _run("grpo.py", "grpo_arith.py:runlocal", grpo, f"--config.init_from={sft}")
+  args = ("grpo.py", "grpo_arith.py:runlocal")
+  extra = (f"--config.init_from={sft}", "--config.steps=6")
+  result = _run(*args, grpo, *extra)
   assert "held-out accuracy" in result.stdout
   full = [r for r in read_metrics(grpo) if "train/loss" in r]
-  assert [r["step"] for r in full] == [1, 2, 3, 4]
+  assert [r["step"] for r in full] == [1, 2, 3, 4, 5, 6]
+  assert all(r["train/num_updates"] == 2 for r in full)  # ppo_mini_batches=2 in runlocal
   assert all("rollout/logp_abs_diff_max" in r and r["rollout/logp_abs_diff_max"] < 1e-4
              for r in full)
 
-  # Interrupted after step 2 (its checkpoint), then the same command again:
-  # the resumed run reproduces the uninterrupted metrics of steps 3-4.
-  resumed = tmp_path / "grpo_resumed"
-  _run("grpo.py", "grpo_arith.py:runlocal", resumed, f"--config.init_from={sft}",
-       "--config.steps=2")
-  _run("grpo.py", "grpo_arith.py:runlocal", resumed, f"--config.init_from={sft}")
+  # SIGKILL (no handler runs) once step 3 is logged after checkpoint 2 finished,
+  # then the same command again: the resumed run reproduces the uninterrupted metrics.
+  resumed = tmp_path / "grpo_killed"
+  process = subprocess.Popen(_command(*args, resumed, *extra), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=ENV)
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    steps = [r["step"] for r in read_metrics(resumed) if "train/loss" in r]
+    if steps and steps[-1] >= 3 and _finished_checkpoints(resumed):
+      break
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  assert process.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+  assert _finished_checkpoints(resumed)[-1] < 6
+  _run(*args, resumed, *extra)
   again = [r for r in read_metrics(resumed) if "train/loss" in r]
-  assert [r["step"] for r in again] == [1, 2, 3, 4]
+  assert [r["step"] for r in again] == [1, 2, 3, 4, 5, 6]
   for a, b in zip(full, again):
     for key in ("train/loss", "train/reward_correct", "train/grad_norm"):
       assert abs(a[key] - b[key]) < 1e-5, (key, a, b)
