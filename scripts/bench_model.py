@@ -15,14 +15,13 @@ attention executes).
 """
 
 import json
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 from flax import nnx
 
+from jaxrl_post.benchmarking import matmul_peak, median_seconds
 from jaxrl_post.models import CausalLM, get_model_config
 
 _MODELS = flags.DEFINE_list(
@@ -34,17 +33,6 @@ _SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Matrix size of the peak reference.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls (after one warm-up).")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Parameter and compute dtype.")
-
-
-def _time(fn, *args) -> float:
-  """Median seconds of `fn(*args)` after a compile-and-warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(_REPEATS.value):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
 
 
 def _parse(spec: str):
@@ -59,14 +47,9 @@ def _parse(spec: str):
 def main(argv):
   del argv
   dtype = jnp.dtype(_DTYPE.value)
-  n = _MATMUL_N.value
-  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-  matmul = jax.jit(lambda a: a @ a)
-  seconds = _time(matmul, a)
-  peak = 2 * n**3 / seconds
-  print(json.dumps({"what": "matmul_peak", "n": n, "dtype": _DTYPE.value, "seconds": seconds,
-                    "tflops": peak / 1e12, "backend": jax.default_backend(),
-                    "devices": len(jax.devices())}), flush=True)
+  reference = matmul_peak(_MATMUL_N.value, _DTYPE.value, _REPEATS.value)
+  peak = reference["flops_per_s"]
+  print(json.dumps(reference), flush=True)
 
   b, t = _BATCH.value, _SEQ_LEN.value
   tokens = jax.random.randint(jax.random.key(1), (b, t), 0, 256)
@@ -78,7 +61,8 @@ def main(argv):
       model = CausalLM(config, rngs=nnx.Rngs(0))
       graphdef, state = nnx.split(model)
       forward = jax.jit(lambda state, tokens, g=graphdef: nnx.merge(g, state)(tokens))
-      seconds = _time(forward, state, tokens)
+      seconds = median_seconds(
+        lambda f=forward, s=state: jax.block_until_ready(f(s, tokens)), _REPEATS.value)
       flops = b * t * config.flops_per_token(t) / seconds
       print(json.dumps({
         "what": "forward", "model": spec, "attention_impl": impl, "dtype": _DTYPE.value,

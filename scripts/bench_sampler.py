@@ -18,7 +18,6 @@ roofline, with the bandwidth measured by a device copy in the same run.
 """
 
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
+from jaxrl_post.benchmarking import median_seconds
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
@@ -41,13 +41,7 @@ _SKIP_HF = flags.DEFINE_bool("skip_transformers", False, "Only time jaxrl_post."
 
 
 def _median_time(fn) -> float:
-  fn()
-  times = []
-  for _ in range(_REPEATS.value):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  return median_seconds(fn, _REPEATS.value)
 
 
 def _ours(model, prompts: np.ndarray, n: int) -> dict:

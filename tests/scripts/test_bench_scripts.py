@@ -1,0 +1,34 @@
+"""The benchmark scripts run end to end on tiny settings and print parseable JSON."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _json_lines(script, *args):
+  result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args],
+                          capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+                          env=dict(os.environ, XLA_FLAGS=""))
+  assert result.returncode == 0, result.stderr[-3000:]
+  return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def test_bench_train_step_reports_the_phase_split_and_mfu():
+  peak, step = _json_lines("bench_train_step.py", "--config=configs/grpo_arith.py:runlocal",
+                           "--steps=1", "--matmul_n=256")
+  assert peak["what"] == "matmul_peak" and peak["flops_per_s"] > 0
+  assert step["what"] == "grpo_step" and step["rollouts"] == 8
+  shares = [step[f"share/{k}"] for k in ("generate", "reward", "score", "reference", "update")]
+  assert abs(sum(shares) - 1) < 1e-6 and all(s > 0 for s in shares)
+  assert step["update_tokens_per_s"] > 0 and 0 < step["update_mfu"]
+
+
+def test_bench_model_reports_fraction_of_peak():
+  rows = _json_lines("bench_model.py", "--models=tiny", "--attention_impl=xla", "--batch=2",
+                     "--seq_len=16", "--repeats=1", "--matmul_n=256")
+  assert [r["what"] for r in rows] == ["matmul_peak", "forward"]
+  assert rows[1]["tokens_per_s"] > 0 and rows[1]["fraction_of_matmul_peak"] > 0
