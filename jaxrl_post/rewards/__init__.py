@@ -10,4 +10,8 @@ light tools do not pay for JAX):
 * `sandbox`: the separate-process test-run of proposed code.
 * `llm_client`, `prompts`, `proposers`: the LLM (OpenAI-compatible) and offline proposers.
 * `evolution`: the MLREF outer loop (Algorithm 1) around a caller-supplied RL trainer.
+* `set_matching`: box IoU, Hungarian / greedy matching, set-level count / F1 / PQ rewards and
+  dense-detection metrics (Falcon Perception-HD, arXiv 2608.18881).
+* `ranking`: Thurstone fidelity ranking, Gaussian proximity and format rewards (PCQA-R1,
+  arXiv 2608.18627); `quality_metrics`: SRCC / KRCC / PLCC after the 4-parameter logistic, RMSE.
 """
