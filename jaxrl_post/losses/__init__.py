@@ -1,13 +1,39 @@
-"""Pure loss functions for RL post-training: policy objectives, aggregation, KL estimators.
+"""Pure loss functions for RL post-training: policy objectives, aggregation, KL estimators, OPD.
 
 Arrays in, `(loss, aux)` out; no models or configs. Variants are picked by name through
-`POLICY_LOSSES`, `KL_ESTIMATORS` and `LOSS_AGG_MODES`.
+`POLICY_LOSSES`, `KL_ESTIMATORS`, `LOSS_AGG_MODES` and `OPD_REWARDS`.
 """
 
 from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
 from jaxrl_post.losses.aggregation import Normalizers as Normalizers
 from jaxrl_post.losses.aggregation import aggregate as aggregate
 from jaxrl_post.losses.aggregation import loss_normalizers as loss_normalizers
+from jaxrl_post.losses.distillation import OPD_REWARDS as OPD_REWARDS
+from jaxrl_post.losses.distillation import DomainMetrics as DomainMetrics
+from jaxrl_post.losses.distillation import DomainStats as DomainStats
+from jaxrl_post.losses.distillation import DomainWeighting as DomainWeighting
+from jaxrl_post.losses.distillation import FullVocabOPDAux as FullVocabOPDAux
+from jaxrl_post.losses.distillation import MOPDAux as MOPDAux
+from jaxrl_post.losses.distillation import OPDTopKAux as OPDTopKAux
+from jaxrl_post.losses.distillation import check_domain_ids as check_domain_ids
+from jaxrl_post.losses.distillation import domain_metrics as domain_metrics
+from jaxrl_post.losses.distillation import domain_token_stats as domain_token_stats
+from jaxrl_post.losses.distillation import domain_weighting as domain_weighting
+from jaxrl_post.losses.distillation import domain_weights as domain_weights
+from jaxrl_post.losses.distillation import domain_weights_from_stats as domain_weights_from_stats
+from jaxrl_post.losses.distillation import encode_domain_labels as encode_domain_labels
+from jaxrl_post.losses.distillation import full_vocab_opd_loss as full_vocab_opd_loss
+from jaxrl_post.losses.distillation import full_vocab_opd_reward as full_vocab_opd_reward
+from jaxrl_post.losses.distillation import full_vocab_reverse_kl as full_vocab_reverse_kl
+from jaxrl_post.losses.distillation import headroom_recovery as headroom_recovery
+from jaxrl_post.losses.distillation import mopd_loss as mopd_loss
+from jaxrl_post.losses.distillation import mopd_reward as mopd_reward
+from jaxrl_post.losses.distillation import mopd_topk_reward as mopd_topk_reward
+from jaxrl_post.losses.distillation import opd_topk_ppo_loss as opd_topk_ppo_loss
+from jaxrl_post.losses.distillation import refresh_topk_reward as refresh_topk_reward
+from jaxrl_post.losses.distillation import sampled_token_opd_reward as sampled_token_opd_reward
+from jaxrl_post.losses.distillation import topk_opd_reward as topk_opd_reward
+from jaxrl_post.losses.distillation import topk_staleness_kl as topk_staleness_kl
 from jaxrl_post.losses.kl import KL_ESTIMATORS as KL_ESTIMATORS
 from jaxrl_post.losses.kl import k1 as k1
 from jaxrl_post.losses.kl import k2 as k2
