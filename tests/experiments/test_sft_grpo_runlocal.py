@@ -1,4 +1,4 @@
-"""SFT and GRPO binaries in runlocal mode, chained, and an exact GRPO resume after SIGKILL."""
+"""The quickstart (SFT → GRPO → plot) in runlocal mode, and an exact GRPO resume after SIGKILL."""
 
 import os
 import signal
@@ -30,25 +30,27 @@ def _finished_checkpoints(workdir):
   return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
 
 
-def test_sft_then_grpo_then_resume_after_sigkill(tmp_path):
-  sft = tmp_path / "sft"
-  _run("sft.py", "sft_arith.py:runlocal", sft)
-  assert (sft / "checkpoints" / "6").is_dir()
+def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path):
+  result = subprocess.run([sys.executable, str(ROOT / "experiments" / "quickstart.py"),
+                           "--runlocal", f"--workdir={tmp_path}"], capture_output=True,
+                          text=True, env=ENV, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "held-out greedy accuracy before RL" in result.stdout
+  assert (tmp_path / "quickstart.png").stat().st_size > 0
+  sft, grpo = tmp_path / "sft", tmp_path / "grpo"
+  assert _finished_checkpoints(sft) == [3, 6]
   assert any("eval/accuracy" in r for r in read_metrics(sft))
-
-  grpo = tmp_path / "grpo"
-  args = ("grpo.py", "grpo_arith.py:runlocal")
-  extra = (f"--config.init_from={sft}", "--config.steps=6")
-  result = _run(*args, grpo, *extra)
-  assert "held-out accuracy" in result.stdout
   full = [r for r in read_metrics(grpo) if "train/loss" in r]
-  assert [r["step"] for r in full] == [1, 2, 3, 4, 5, 6]
+  assert [r["step"] for r in full] == [1, 2, 3, 4]
   assert all(r["train/num_updates"] == 2 for r in full)  # ppo_mini_batches=2 in runlocal
   assert all("rollout/logp_abs_diff_max" in r and r["rollout/logp_abs_diff_max"] < 1e-4
              for r in full)
 
-  # SIGKILL (no handler runs) once step 3 is logged after checkpoint 2 finished,
-  # then the same command again: the resumed run reproduces the uninterrupted metrics.
+  # A 6-step run, SIGKILLed (no handler runs) once step 3 is logged after
+  # checkpoint 2 finished, then the same command again: its steps 1-4 equal the
+  # uninterrupted 4-step run (the learning-rate schedule does not depend on `steps`).
+  args = ("grpo.py", "grpo_arith.py:runlocal")
+  extra = (f"--config.init_from={sft}", "--config.steps=6")
   resumed = tmp_path / "grpo_killed"
   process = subprocess.Popen(_command(*args, resumed, *extra), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=ENV)
