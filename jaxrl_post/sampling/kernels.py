@@ -199,15 +199,22 @@ class ScoreOutput(NamedTuple):
   entropy: jax.Array  # float32[batch, time], full-vocabulary entropy
   topk_ids: jax.Array | None  # int32[batch, time, K]
   topk_logp: jax.Array | None  # float32[batch, time, K]
+  # float32[batch, time, C]: log-probs of caller-given candidate ids (e.g. a
+  # teacher scoring the student's top-K), 0 where the completion mask is False.
+  candidate_logp: jax.Array | None = None
 
 
 def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mask: jax.Array, *,
-                 temperature=1.0, top_k: int = 0) -> ScoreOutput:
+                 temperature=1.0, top_k: int = 0,
+                 candidate_ids: jax.Array | None = None) -> ScoreOutput:
   """Log-probs, entropies and top-K of completions from the logits predicting them.
 
   Args:
     logits: `[batch, time, vocab]`, where `logits[:, t]` predicts
       `completion_tokens[:, t]`.
+    candidate_ids: optional int32 `[batch, time, C]`; their full-vocabulary
+      log-probs are returned as `candidate_logp` (multi-teacher distillation
+      scores the student's top-K ids under each teacher this way).
   """
   logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
   logp = jnp.take_along_axis(logp_all, completion_tokens[..., None], axis=-1)[..., 0]
@@ -218,11 +225,16 @@ def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mas
   if top_k:
     topk_logp, topk_ids = jax.lax.top_k(logp_all, top_k)
     topk_ids = topk_ids.astype(jnp.int32)
-  return ScoreOutput(logp, entropy, topk_ids, topk_logp)
+  candidate_logp = None
+  if candidate_ids is not None:
+    candidate_logp = jnp.take_along_axis(logp_all, candidate_ids, axis=-1)
+    candidate_logp = jnp.where(completion_mask[..., None], candidate_logp, 0.0)
+  return ScoreOutput(logp, entropy, topk_ids, topk_logp, candidate_logp)
 
 
 def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-                temperature=1.0, top_k: int = 0) -> ScoreOutput:
+                temperature=1.0, top_k: int = 0,
+                candidate_ids: jax.Array | None = None) -> ScoreOutput:
   """Teacher-forced log-probs of given completions: one forward over prompt + completion.
 
   The trainer (current and old policy), the reference model and teachers all
@@ -234,6 +246,7 @@ def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion
     completion_tokens, completion_mask: `[batch, time]`, right-padded.
     temperature: divides the logits (use the sampling temperature).
     top_k: also return the K most likely ids and log-probs per position.
+    candidate_ids: optional `[batch, time, C]` ids whose log-probs to return.
   """
   prompt_len = prompt_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
@@ -242,11 +255,12 @@ def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion
   # Position prompt_len - 1 + t predicts completion token t.
   logits = logits[:, prompt_len - 1:-1]
   return score_logits(logits, completion_tokens, completion_mask, temperature=temperature,
-                      top_k=top_k)
+                      top_k=top_k, candidate_ids=candidate_ids)
 
 
 def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-          temperature=1.0, top_k: int = 0) -> ScoreOutput:
+          temperature=1.0, top_k: int = 0, candidate_ids: jax.Array | None = None) -> ScoreOutput:
   """`score_model` for a split model (`graphdef`, `state`)."""
   return score_model(nnx.merge(graphdef, state), prompt_tokens, prompt_mask, completion_tokens,
-                     completion_mask, temperature=temperature, top_k=top_k)
+                     completion_mask, temperature=temperature, top_k=top_k,
+                     candidate_ids=candidate_ids)

@@ -202,11 +202,16 @@ class Sampler:
       topk_logp=None if out.topk_logp is None else out.topk_logp[:rows])
 
   def score(self, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-            temperature: float = 1.0, top_k: int = 0) -> kernels.ScoreOutput:
-    """Per-token log-probs (and entropy, top-K) of given completions; see `kernels.score`."""
+            temperature: float = 1.0, top_k: int = 0,
+            candidate_ids: jax.Array | None = None) -> kernels.ScoreOutput:
+    """Per-token log-probs (and entropy, top-K) of given completions; see `kernels.score`.
+
+    `candidate_ids` `[batch, time, C]`: also the log-probs of these ids
+    (`candidate_logp`), e.g. a teacher scoring the student's top-K.
+    """
     state = self._default_state if state is None else state
     return _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
-                  jnp.float32(temperature), top_k=top_k, **self._static)
+                  jnp.float32(temperature), candidate_ids, top_k=top_k, **self._static)
 
   def decode_text(self, rollout: Rollout) -> list[str]:
     """Completion texts (needs a tokenizer); masked positions are dropped."""
@@ -242,11 +247,12 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k"))
-def _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, temperature, *,
-           graphdef, mesh, rules, top_k):
+def _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, temperature,
+           candidate_ids, *, graphdef, mesh, rules, top_k):
   with _context(mesh, rules):
     return kernels.score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens,
-                         completion_mask, temperature=temperature, top_k=top_k)
+                         completion_mask, temperature=temperature, top_k=top_k,
+                         candidate_ids=candidate_ids)
 
 
 def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> dict[str, float]:

@@ -77,6 +77,18 @@ def test_sampler_logp_equals_score(sampler):
                                 np.asarray(scored.topk_ids)[mask])
   metrics = rollout_metrics(rollout, scored.logp)
   assert metrics["logp_abs_diff_max"] < 1e-5 and abs(metrics["logp_mismatch_kl"]) < 1e-9
+  # Scoring given candidate ids (how a teacher scores the student's top-K):
+  # the student's own top-K ids give back its top-K log-probs; column 0 of
+  # [sampled token, top-K] gives back the sampled token's log-prob.
+  candidates = jnp.concatenate([rollout.completion_tokens[..., None], rollout.topk_ids], -1)
+  again = sampler.score(None, rollout.prompt_tokens, rollout.prompt_mask,
+                        rollout.completion_tokens, rollout.completion_mask, temperature=0.7,
+                        candidate_ids=candidates)
+  np.testing.assert_allclose(np.asarray(again.candidate_logp[..., 0]), np.asarray(scored.logp),
+                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(again.candidate_logp[..., 1:])[mask],
+                             np.asarray(scored.topk_logp)[mask], atol=1e-5)
+  assert float(jnp.abs(jnp.where(mask[..., None], 0.0, again.candidate_logp)).max()) == 0.0
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
