@@ -6,13 +6,15 @@
 
 Registered tasks (`TASKS`): `"arith"` (multi-digit arithmetic with worked steps),
 `"countdown"` (reach a target with + - * /), `"format"` (short format-following replies),
-`"jsonl"` and `"parquet"` (GSM8K-style question / answer files). Modules: `base` (interface,
+`"jsonl"` and `"parquet"` (GSM8K-style question / answer files), `"mixture"` (several of these
+as labelled domains, for multi-teacher distillation). Modules: `base` (interface,
 record format, answer parsing), one module per task, `expressions` (the safe expression
 evaluator) and `data` (tfds builder and grain loader; import it explicitly, as it loads
 tensorflow-datasets).
 """
 
 from jaxrl_post.tasks import arithmetic, countdown, files, format_following
+from jaxrl_post.tasks import mixture as mixture  # registers "mixture"
 from jaxrl_post.tasks.arithmetic import ArithmeticTask
 from jaxrl_post.tasks.base import (
   FINAL_ANSWER_MARKER,

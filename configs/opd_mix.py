@@ -1,0 +1,167 @@
+r"""Multi-teacher on-policy distillation (Open-MOPD, arXiv 2608.19098) on a 2 : 2 : 1 task mixture.
+
+The paper's three stages on synthetic tasks: arithmetic (≈ math: long worked answers),
+countdown (≈ code) and format following (≈ IF: replies of a few characters, so it gets a tiny
+share of the gradient tokens, the imbalance the paper diagnoses). Model `small` (3.2M
+parameters, character tokenizer); every run below fits 2 CPU cores. Runtimes are estimates
+extrapolated from a few timed steps on the shared 2-core machine (≈ 2.5 h for the whole
+pipeline); the pipeline has not been run end to end yet, so there are no results to expect.
+
+  R=/tmp/mopd
+  # 1. Mixed SFT (the student's and the teachers' starting point; ≈ 60 min):
+  python experiments/sft.py --config=configs/opd_mix.py:sft --workdir=$R/sft
+  # 2. One GRPO teacher per domain, each from the mixed-SFT checkpoint (≈ 8-12 min each):
+  python experiments/grpo.py --config=configs/grpo_arith.py --workdir=$R/teacher_arith \
+      --config.init_from=$R/sft
+  python experiments/grpo.py --config=configs/grpo_countdown.py --workdir=$R/teacher_countdown \
+      --config.init_from=$R/sft
+  python experiments/grpo.py --config=configs/grpo_format.py --workdir=$R/teacher_format \
+      --config.init_from=$R/sft
+  # 3. RouteRL reference (each domain answered by its own teacher) and the MixSFT baseline:
+  #    `steps=0` only runs the step-0 evaluations (route/<domain>/accuracy, route/total, and
+  #    eval/<domain>/accuracy, eval/total of the student = MixSFT); ≈ 1-2 min.
+  python experiments/opd.py --config=configs/opd_mix.py:root=$R,steps=0 --workdir=$R/route
+  # 4. The four methods (naive M-OPD, + token-share, + gap-following, full Open-MOPD;
+  #    ≈ 11 s per step → ≈ 10-15 min each with the evaluations):
+  for m in naive token_share gap open_mopd; do
+    python experiments/opd.py --config=configs/opd_mix.py:root=$R,method=$m --workdir=$R/$m
+  done
+  python scripts/plot_metrics.py --workdir=$R/naive,$R/token_share,$R/gap,$R/open_mopd \
+      --metrics=eval/total,eval/format/accuracy,domain/format/token_share --out=$R/opd.png
+
+`root=$R` points `init_from` at `$R/sft` and `teachers.<domain>` at `$R/teacher_<domain>`; set
+them one by one with `--config.init_from=... --config.teachers.arith=...` instead. Every run
+logs `eval/<domain>/accuracy`, `eval/total` (mean over domains, the paper's Total),
+`eval/headroom_recovery` = (Total − Total(MixSFT)) / (Total(RouteRL) − Total(MixSFT)) and per
+domain `domain/<d>/{token_share, budget_share, mean_abs_reward, weight, staleness_kl,
+clip_frac}`.
+
+Methods set `opd.{balance_shares, gap_alpha, refresh, inner_updates}` (see
+jaxrl_post/training/opd.py `METHODS`); any of them can be overridden, e.g. the paper's matched
+control `method=naive --config.opd.inner_updates=4`.
+
+Variants (after the colon): `method=naive|token_share|gap|open_mopd`, `root=<dir>`, `sft` (the
+mixed-SFT config for experiments/sft.py), `runlocal` (tiny model, a few steps, for tests),
+`model=<preset>`, `steps=<n>`.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from jaxrl_post.config_args import parse_arg
+from jaxrl_post.tasks.mixture import DEFAULT_COMPONENTS
+from jaxrl_post.training import base_configs
+
+DOMAINS = tuple(sorted(DEFAULT_COMPONENTS))
+METHOD_NAMES = ("naive", "token_share", "gap", "open_mopd")
+# Prompts: countdown ≤ 90 characters, format ≤ 71, arithmetic ≤ 10. Answers: arithmetic
+# demonstrations ≤ 67 characters, countdown ≤ 48, format ≤ 24 (+ EOS).
+PROMPT_LEN = 96
+COMPLETION_LEN = 72
+
+
+def _mixture(config) -> None:
+  config.task = "mixture"
+  config.task_knobs = dict(components=DEFAULT_COMPONENTS)
+  config.prompt_len = PROMPT_LEN
+
+
+def sft_config(arg) -> ml_collections.ConfigDict:
+  config = base_configs.sft_base()
+  _mixture(config)
+  config.model = arg.model
+  config.completion_len = COMPLETION_LEN
+  config.eval_max_new_tokens = COMPLETION_LEN
+  # Three domains to learn instead of one: more steps than configs/sft_arith.py's 400.
+  config.steps = arg.steps if arg.steps >= 0 else 800
+  if arg.runlocal:
+    base_configs.shrink_sft_for_runlocal(config)
+  return config
+
+
+def get_config(arg=None):
+  # steps=-1: the mode's default (steps=0 is meaningful: evaluations only).
+  arg = parse_arg(arg, method="open_mopd", root="", sft=False, runlocal=False, model="small",
+                  steps=-1)
+  if arg.sft:
+    return sft_config(arg)
+  if arg.method not in METHOD_NAMES:
+    raise ValueError(f"unknown method {arg.method!r}; valid: {', '.join(METHOD_NAMES)}")
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.tokenizer = "char"
+  c.model = arg.model
+  c.model_overrides = ml_collections.ConfigDict()
+  _mixture(c)
+  c.num_train_examples = 200_000
+
+  # Student start (the mixed-SFT checkpoint) and one frozen teacher per domain.
+  c.init_from = f"{arg.root}/sft" if arg.root else ""
+  c.resume = ""
+  c.teachers = ml_collections.ConfigDict(
+    {d: f"{arg.root}/teacher_{d}" if arg.root else "" for d in DOMAINS})
+
+  # Rollouts: exact 2 : 2 : 1 quotas per batch (16 / 16 / 8 of 40), one response per prompt.
+  c.prompts_per_step = 40
+  c.samples_per_prompt = 1
+  c.max_new_tokens = COMPLETION_LEN
+  c.temperature = 1.0
+  # Sample from the full distribution the loss models (the paper uses top-p 0.99).
+  c.top_p = 1.0
+  c.topk = 16  # the student's top-K support per position (paper: 16)
+
+  c.method = arg.method
+  c.opd = ml_collections.ConfigDict()
+  # None = the method's value (opd.METHODS); set to override one switch.
+  c.opd.balance_shares = config_dict.placeholder(bool)
+  c.opd.gap_alpha = config_dict.placeholder(float)
+  c.opd.refresh = config_dict.placeholder(bool)
+  c.opd.inner_updates = config_dict.placeholder(int)
+  c.opd.target_shares = ml_collections.ConfigDict({d: 1.0 for d in DOMAINS})  # 1/3 each
+  c.opd.gap_clip_min = 0.05
+  c.opd.gap_clip_max = 20.0
+  c.opd.gap_reference = "share_weighted"
+  c.opd.epsilon_low = 0.2
+  c.opd.epsilon_high = 0.28
+  c.opd.dual_clip_c = 3.0
+  c.opd.max_log_ratio = 20.0
+
+  c.steps = arg.steps if arg.steps >= 0 else 50
+  c.num_micro_batches = 1
+  # The paper's schedule is constant; warmup-cosine with a far horizon is constant in practice.
+  # 5e-5 is the GRPO learning rate of this model (docs/results.md), not tuned for OPD.
+  c.optimizer = ml_collections.ConfigDict(dict(lr=5e-5, warmup_steps=0, weight_decay=0.0,
+                                               grad_clip=1.0, decay_steps=1_000_000_000))
+  c.eval_every = 10
+  c.eval_examples = 64  # per domain
+  c.eval_teachers = True  # RouteRL reference at step 0 (each domain by its own teacher)
+  c.reward_timeout_s = 10.0
+  c.checkpoint_every = 10
+  c.keep_checkpoints = 2
+  c.log_every = 1
+  c.max_nonfinite_streak = 5
+
+  if arg.runlocal:
+    c.model = "tiny"
+    c.steps = arg.steps if arg.steps >= 0 else 4
+    c.prompts_per_step = 8  # quotas 3 / 3 / 2
+    c.num_micro_batches = 2  # with open_mopd's 4 inner updates: 4 × 2 rows, 1 row per micro
+    c.max_new_tokens = 16
+    c.topk = 8
+    c.num_train_examples = 256
+    c.eval_examples = 2
+    c.eval_every = 2
+    c.checkpoint_every = 2
+  return c
+
+
+def sweep(add, arg=None):
+  del arg
+  for method in METHOD_NAMES:
+    for seed in (0, 1, 2):
+      add(method=method, seed=seed)
+
+
+def metrics():
+  return ["eval/total", *(f"eval/{d}/accuracy" for d in DOMAINS), "eval/headroom_recovery",
+          *(f"domain/{d}/token_share" for d in DOMAINS)]
