@@ -176,7 +176,7 @@ def ppo_mini_batches(batch: Mapping[str, Any], num_mini_batches: int,
 def evaluate(sampler: Sampler, state, task: Task, records: Sequence[Mapping[str, Any]], *,
              max_new_tokens: int, k: int = 4, temperature: float = 1.0,
              rng: jax.Array | None = None, timeout_s: float | None = None) -> dict[str, float]:
-  """Held-out greedy accuracy and format rate, and pass@k at `temperature`."""
+  """Held-out greedy accuracy and format rate; pass@k and mean sample accuracy at `temperature`."""
   prompts = [r["prompt"] for r in records]
   greedy = sampler.generate(state, prompts, max_new_tokens=max_new_tokens, greedy=True)
   correct, fmt, _ = rewards_for(task, records, sampler.decode_text(greedy), 1,
@@ -189,6 +189,9 @@ def evaluate(sampler: Sampler, state, task: Task, records: Sequence[Mapping[str,
     correct_k, _, _ = rewards_for(task, records, sampler.decode_text(sampled), k,
                                   timeout_s=timeout_s)
     metrics[f"pass_at_{k}"] = float(np.mean(np.nanmax(correct_k.reshape(-1, k), axis=1) > 0.5))
+    # Mean correctness of the k samples (pass@1 at `temperature`): what the RL
+    # objective raises, and k times less noisy than the greedy accuracy.
+    metrics["sample_accuracy"] = float(np.nanmean(correct_k))
   return metrics
 
 
