@@ -1,0 +1,250 @@
+r"""Compiles the GRPO train step and the sampler's decode loop for a preset and mesh, from shapes.
+
+  python scripts/aot_compile.py --model=qwen3_8b --ici=fsdp=8 --batch=16 --prompt_len=256 \
+      --completion_len=768
+  python scripts/aot_compile.py --model=qwen3_8b --ici=fsdp=4,tensor=2 --sample_ici=tensor=8 \
+      --param_dtype=bfloat16 --dtype=bfloat16
+  python scripts/aot_compile.py --model=qwen3_8b --topology=v5p:2x2x2 ...   # needs libtpu
+
+Nothing is materialised: parameters, optimizer state, batch and KV cache are
+`jax.ShapeDtypeStruct`s carrying their `NamedSharding`s, the steps are
+lowered and compiled for the mesh, and XLA's memory analysis says what one
+device would hold. Use it to find an OOM or a bad mesh before reserving the
+hardware. On CPU the mesh is made of `--num_cpu_devices` fake devices.
+
+Prints one JSON line per program (bytes are per device):
+  {"what": "train_step", "params_bytes": ..., "opt_state_bytes": ...,
+   "temp_bytes": ..., "argument_bytes": ..., "output_bytes": ..., "compile_s": ...}
+  {"what": "decode_step", "params_bytes": ..., "kv_cache_bytes": ..., "temp_bytes": ...}
+`params_bytes` / `opt_state_bytes` / `kv_cache_bytes` come from the shardings
+(shard shape × dtype); `temp_bytes` (activations and other temporaries),
+`argument_bytes`, `output_bytes` and `alias_bytes` from
+`compiled.memory_analysis()` (null where the backend does not report them);
+`peak_rss_bytes` is this process's peak host memory, which stays far below
+the model's size because nothing is materialised. XLA:CPU schedules for
+speed, not memory, so its `temp_bytes` are an upper bound of what a GPU or
+TPU compile reports for the same program; compile on the target for the
+real figure.
+The train step is `make_train_step` (forward + backward + clipped AdamW) with
+the GRPO loss, as `experiments/grpo.py` runs it; the decode step is the
+sampler's `kernels.decode` loop over `--max_new_tokens` tokens.
+"""
+
+import functools
+import json
+import math
+import resource
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from absl import app, flags
+from flax import nnx
+
+from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.parallel import axes
+from jaxrl_post.parallel import mesh as mesh_lib
+from jaxrl_post.parallel.axes import axis_rules, logical_sharding, state_shardings
+from jaxrl_post.sampling import kernels
+from jaxrl_post.training import rl
+from jaxrl_post.training.train_state import TrainState, make_train_step, train_state_shardings
+
+_MODEL = flags.DEFINE_string("model", "qwen3_8b", "Model preset.")
+_NUM_LAYERS = flags.DEFINE_integer("num_layers", 0, "Override the preset's depth (0: keep).")
+_PARAM_DTYPE = flags.DEFINE_string("param_dtype", "", "Parameter dtype (default: preset's).")
+_DTYPE = flags.DEFINE_string("dtype", "", "Compute dtype (default: preset's).")
+_MESH_AXES = flags.DEFINE_list("mesh_axes", list(mesh_lib.DEFAULT_MESH_AXES), "Mesh axes.")
+_ICI = flags.DEFINE_string("ici", "fsdp=-1", "Trainer mesh sizes, `axis=size,...` (-1: auto).")
+_SAMPLE_ICI = flags.DEFINE_string(
+  "sample_ici", "", "Sampler mesh sizes over the same devices (default: the trainer mesh).")
+_TRAIN_RULES = flags.DEFINE_string("train_rules", "fsdp_tensor", "Trainer rule table.")
+_SAMPLE_RULES = flags.DEFINE_string("sample_rules", "tensor", "Sampler rule table.")
+_BATCH = flags.DEFINE_integer("batch", 8, "Rollouts per update (global).")
+_MICRO = flags.DEFINE_integer("num_micro_batches", 1, "Gradient accumulation steps.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens.")
+_COMPLETION_LEN = flags.DEFINE_integer("completion_len", 64, "Completion tokens (update).")
+_SAMPLE_BATCH = flags.DEFINE_integer("sample_batch", 8, "Rows decoded together (global).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Decode budget (cache = prompt + this).")
+_NUM_CPU = flags.DEFINE_integer("num_cpu_devices", 8, "Fake CPU devices (CPU backend only).")
+_TOPOLOGY = flags.DEFINE_string(
+  "topology", "", "Compile for a TPU topology you do not hold, e.g. v5p:2x2x2 (needs libtpu).")
+_SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, decode_step.")
+
+
+def _sizes(text: str) -> dict[str, int]:
+  sizes = {}
+  for item in filter(None, text.split(",")):
+    name, _, value = item.partition("=")
+    sizes[name.strip()] = int(value)
+  return sizes
+
+
+def _devices():
+  if _TOPOLOGY.value:
+    from jax.experimental import topologies
+
+    return list(topologies.get_topology_desc(_TOPOLOGY.value, platform="tpu").devices)
+  # Before the first device query: lets a CPU host pretend to be a pod.
+  jax.config.update("jax_num_cpu_devices", _NUM_CPU.value)
+  return jax.devices()
+
+
+def _abstract(tree, shardings):
+  """ShapeDtypeStructs that carry shardings: what `lower` compiles against."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      tree, shardings)
+
+
+def _bytes_per_device(tree, shardings) -> int:
+  total = 0
+  for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    total += math.prod(s.shard_shape(a.shape)) * jnp.dtype(a.dtype).itemsize
+  return total
+
+
+def _memory(compiled) -> dict:
+  try:
+    stats = compiled.memory_analysis()
+  except (NotImplementedError, jax.errors.JaxRuntimeError):
+    stats = None
+  names = ("temp", "argument", "output", "alias", "generated_code")
+  return {f"{n}_bytes": getattr(stats, f"{n}_size_in_bytes", None) for n in names}
+
+
+def _compile(fn, *args):
+  tic = time.perf_counter()
+  lowered = fn.lower(*args)
+  lower_s = time.perf_counter() - tic
+  tic = time.perf_counter()
+  compiled = lowered.compile()
+  return compiled, {"lower_s": round(lower_s, 2),
+                    "compile_s": round(time.perf_counter() - tic, 2)}
+
+
+def _batch_struct(mesh, rules, shape, dtype):
+  names = (axes.BATCH,) + (None,) * (len(shape) - 1)
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=logical_sharding(names, mesh, rules, shape))
+
+
+def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
+  """Lowers and compiles one GRPO update against abstract, sharded inputs."""
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0))
+
+  def init(params):
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params),
+                      rng=jax.random.key_data(jax.random.key(0)),
+                      nonfinite_streak=jnp.zeros((), jnp.int32),
+                      nonfinite_total=jnp.zeros((), jnp.int32))
+
+  abstract_state = jax.eval_shape(init, abstract_params)
+  shardings = train_state_shardings(abstract_state, mesh, rules)
+  state = _abstract(abstract_state, shardings)
+  b, p, t = _BATCH.value, _PROMPT_LEN.value, _COMPLETION_LEN.value
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  batch = dict(
+    prompt_tokens=_batch_struct(mesh, rules, (b, p), jnp.int32),
+    prompt_mask=_batch_struct(mesh, rules, (b, p), jnp.bool_),
+    completion_tokens=_batch_struct(mesh, rules, (b, t), jnp.int32),
+    completion_mask=_batch_struct(mesh, rules, (b, t), jnp.bool_),
+    adv=_batch_struct(mesh, rules, (b,), jnp.float32),
+    old_logp=_batch_struct(mesh, rules, (b, t), jnp.float32),
+    num_tokens=jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated),
+    num_sequences=jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated))
+  step = make_train_step(graphdef, rl.make_policy_loss(policy_loss="grpo"), optimizer,
+                         num_micro_batches=_MICRO.value, mesh=mesh, rules=rules,
+                         shared=("num_tokens", "num_sequences"))
+  compiled, times = _compile(step, state, batch)
+  return dict(
+    what="train_step", **times,
+    params_bytes=_bytes_per_device(abstract_state.params, shardings.params),
+    opt_state_bytes=_bytes_per_device(abstract_state.opt_state, shardings.opt_state),
+    **_memory(compiled), batch=b, tokens_per_row=p + t, num_micro_batches=_MICRO.value)
+
+
+def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
+  """Lowers and compiles the sampler's decode loop (KV cache donated, as the sampler does)."""
+  shardings = state_shardings(abstract_params, mesh, rules)
+  params = _abstract(abstract_params, shardings)
+  b, cache_len = _SAMPLE_BATCH.value, _PROMPT_LEN.value + _MAX_NEW.value
+  model = nnx.merge(graphdef, abstract_params)
+  abstract_cache = jax.eval_shape(lambda: model.init_cache(b, cache_len))
+  kv_axes = (axes.BATCH, axes.KV_HEADS, axes.CACHE_LENGTH, axes.HEAD_DIM)
+  kv = lambda a: logical_sharding(kv_axes, mesh, rules, a.shape)  # noqa: E731
+  cache_shardings = type(abstract_cache)(
+    k=tuple(map(kv, abstract_cache.k)), v=tuple(map(kv, abstract_cache.v)),
+    mask=logical_sharding((axes.BATCH, axes.CACHE_LENGTH), mesh, rules, (b, cache_len)),
+    index=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  cache = _abstract(abstract_cache, cache_shardings)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  logits = jax.ShapeDtypeStruct((b, model_config.vocab_size), jnp.float32,
+                                sharding=logical_sharding((axes.BATCH, axes.VOCAB), mesh, rules,
+                                                          (b, model_config.vocab_size)))
+  positions = _batch_struct(mesh, rules, (b,), jnp.int32)
+  rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                             sharding=replicated)
+  ids = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=replicated)
+  scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
+
+  @functools.partial(jax.jit, donate_argnums=(1,))
+  def decode(params, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p):
+    with axis_rules(mesh, rules):
+      start = kernels.PrefillOutput(logits, positions, cache)
+      return kernels.decode(graphdef, params, start, rng, max_new_tokens=_MAX_NEW.value,
+                            eos_ids=eos_ids, stop_ids=stop_ids, pad_id=0,
+                            temperature=temperature, top_p=top_p, top_k=0, greedy=False,
+                            num_logprobs=0)
+
+  compiled, times = _compile(decode, params, cache, logits, positions, rng, ids, ids, scalar,
+                             scalar)
+  return dict(what="decode_step", **times, params_bytes=_bytes_per_device(abstract_params,
+                                                                           shardings),
+              kv_cache_bytes=_bytes_per_device(abstract_cache, cache_shardings),
+              **_memory(compiled), batch=b, cache_len=cache_len)
+
+
+def _peak_rss_bytes() -> int:
+  # ru_maxrss is in KiB on Linux: proof that no model-sized buffer was allocated.
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main(argv):
+  del argv
+  devices = _devices()
+  overrides = {}
+  if _NUM_LAYERS.value:
+    overrides["num_layers"] = _NUM_LAYERS.value
+  if _PARAM_DTYPE.value:
+    overrides["param_dtype"] = _PARAM_DTYPE.value
+  if _DTYPE.value:
+    overrides["dtype"] = _DTYPE.value
+  model_config = get_model_config(_MODEL.value, **overrides)
+  config = mesh_lib.mesh_config(_MESH_AXES.value, ici=_sizes(_ICI.value),
+                                train_rules=_TRAIN_RULES.value, sample_rules=_SAMPLE_RULES.value)
+  train_mesh = mesh_lib.make_mesh(config, devices=devices, key="--ici")
+  sample_mesh = train_mesh
+  if _SAMPLE_ICI.value:
+    sample_config = mesh_lib.mesh_config(_MESH_AXES.value, ici=_sizes(_SAMPLE_ICI.value))
+    sample_mesh = mesh_lib.make_mesh(sample_config, devices=devices, key="--sample_ici")
+  tic = time.perf_counter()
+  graphdef, abstract_params = mesh_lib.abstract_module(
+    lambda: CausalLM(model_config, rngs=nnx.Rngs(0)))
+  common = dict(model=_MODEL.value, num_layers=model_config.num_layers,
+                num_params=model_config.num_params(),
+                param_dtype=str(model_config.param_dtype), num_devices=len(devices),
+                platform=devices[0].platform, abstract_init_s=round(time.perf_counter() - tic, 2))
+  if "train_step" not in _SKIP.value:
+    rules = mesh_lib.get_rules(_TRAIN_RULES.value, key="--train_rules")
+    report = train_step_report(model_config, graphdef, abstract_params, train_mesh, rules)
+    print(json.dumps(dict(report, mesh=dict(train_mesh.shape), rules=_TRAIN_RULES.value,
+                          peak_rss_bytes=_peak_rss_bytes(), **common)), flush=True)
+  if "decode_step" not in _SKIP.value:
+    rules = mesh_lib.get_rules(_SAMPLE_RULES.value, key="--sample_rules")
+    report = decode_step_report(model_config, graphdef, abstract_params, sample_mesh, rules)
+    print(json.dumps(dict(report, mesh=dict(sample_mesh.shape), rules=_SAMPLE_RULES.value,
+                          peak_rss_bytes=_peak_rss_bytes(), **common)), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
