@@ -1,6 +1,6 @@
 r"""The first run: SFT a `small` model on arithmetic, then GRPO it, then plot (README command 1).
 
-  python experiments/quickstart.py                          # ≈ 10 minutes on 2 CPU cores
+  python experiments/quickstart.py                  # ≈ 10 minutes on 2 idle CPU cores
   python experiments/quickstart.py --workdir=/tmp/qs --sft_steps=400 --grpo_steps=30
 
 Runs `experiments/sft.py` then `experiments/grpo.py` (each with its own
@@ -20,8 +20,11 @@ from absl import app, flags
 from jaxrl_post.training.metrics import read_metrics
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/jaxrl_post_quickstart", "Where both runs go.")
+# 250 SFT steps stop at ≈ 0.63 held-out greedy accuracy, leaving RL room to act (400 steps reach
+# ≈ 0.9-0.95); 32 prompts × 8 samples per GRPO step halve the gradient noise of the config's 16.
 _SFT_STEPS = flags.DEFINE_integer("sft_steps", 250, "SFT steps (batch 32).")
 _GRPO_STEPS = flags.DEFINE_integer("grpo_steps", 20, "GRPO steps.")
+_GRPO_PROMPTS = flags.DEFINE_integer("grpo_prompts_per_step", 32, "Prompts per GRPO step.")
 _RUNLOCAL = flags.DEFINE_bool("runlocal", False, "Tiny model, a few steps (for tests).")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,14 +45,15 @@ def main(argv):
 
   # ---- Stage 1: SFT on demonstrations (the warm start RL needs) ----
   sft_steps = [] if _RUNLOCAL.value else [f"--config.steps={_SFT_STEPS.value}",
-                                          f"--config.eval_every={_SFT_STEPS.value}"]
+                                          f"--config.eval_every={max(_SFT_STEPS.value // 5, 1)}"]
   _run(["experiments/sft.py", f"--config=configs/sft_arith.py{variant}",
         f"--workdir={sft_dir}", *sft_steps])
   sft_minutes = (time.time() - tic) / 60
 
   # ---- Stage 2: GRPO from the SFT checkpoint ----
-  grpo_steps = [] if _RUNLOCAL.value else [f"--config.steps={_GRPO_STEPS.value}",
-                                           f"--config.eval_every={_GRPO_STEPS.value // 2}"]
+  grpo_steps = [] if _RUNLOCAL.value else [
+    f"--config.steps={_GRPO_STEPS.value}", f"--config.eval_every={_GRPO_STEPS.value // 2}",
+    f"--config.prompts_per_step={_GRPO_PROMPTS.value}", "--config.num_micro_batches=4"]
   _run(["experiments/grpo.py", f"--config=configs/grpo_arith.py{variant}",
         f"--workdir={grpo_dir}", f"--config.init_from={sft_dir}", *grpo_steps])
 
@@ -59,11 +63,17 @@ def main(argv):
   pass_k = next(k for k in before if k.startswith("eval/pass_at_"))
   plot = workdir / "quickstart.png"
   _run(["scripts/plot_metrics.py", f"--workdir={grpo_dir}", f"--out={plot}",
-        f"--metrics=train/reward_correct,eval/accuracy,{pass_k},train/entropy"])
+        f"--metrics=train/reward_correct,eval/accuracy,eval/sample_accuracy,{pass_k},"
+        "train/entropy"])
+  sft_evals = [r for r in read_metrics(sft_dir) if "eval/accuracy" in r]
   print(f"\nSFT ({sft_minutes:.1f} min) then GRPO: {(time.time() - tic) / 60:.1f} min in all")
-  print(f"held-out greedy accuracy before RL {before['eval/accuracy']:.3f} → after RL "
-        f"{after['eval/accuracy']:.3f} (step {after['step']}); pass@{pass_k[13:]} "
-        f"{before[pass_k]:.3f} → {after[pass_k]:.3f}")
+  curve = ", ".join(f"{r['eval/accuracy']:.2f}" for r in sft_evals)
+  print(f"held-out greedy accuracy during SFT (steps {sft_evals[0]['step']}…"
+        f"{sft_evals[-1]['step']}): {curve}; after RL (GRPO step {after['step']}): "
+        f"{after['eval/accuracy']:.3f}")
+  print(f"held-out sample accuracy at T = 1 (what RL maximises): before RL "
+        f"{before['eval/sample_accuracy']:.3f} → after RL {after['eval/sample_accuracy']:.3f}; "
+        f"pass@{pass_k[13:]} {before[pass_k]:.3f} → {after[pass_k]:.3f}")
   print(f"plot: {plot}")
 
 
