@@ -36,12 +36,14 @@ def plot(workdirs, metrics, out) -> Path:
   cols = min(3, len(metrics))
   rows = math.ceil(len(metrics) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
+  # One colour per run in every panel, also where a run lacks a metric.
+  colors = {w: f"C{i % 10}" for i, w in enumerate(runs)}
   for ax, name in zip(axes.flat, metrics):
     for workdir, records in runs.items():
       points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
       if points:
         ax.plot(*zip(*points), marker="." if len(points) < 30 else None,
-                label=Path(workdir).name)
+                label=Path(workdir).name, color=colors[workdir])
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
