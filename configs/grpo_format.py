@@ -1,6 +1,8 @@
 r"""GRPO on the short format-following task ("[APPLE]"-style answers, very short responses).
 
-Commands (not yet measured end to end):
+Commands (measured on 2 CPU cores under load: SFT 14.6 min, held-out greedy accuracy 1.0 at
+step 400; GRPO 4.5 min, greedy stays 1.0, sample accuracy at T = 1 0.959 → 0.979;
+docs/results.md):
 
   python experiments/sft.py --config=configs/grpo_format.py:sft --workdir=/tmp/sft_format
   python experiments/grpo.py --config=configs/grpo_format.py --workdir=/tmp/grpo_format \
