@@ -35,7 +35,8 @@ def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path):
                            "--runlocal", f"--workdir={tmp_path}"], capture_output=True,
                           text=True, env=ENV, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "held-out greedy accuracy before RL" in result.stdout
+  assert "held-out greedy accuracy during SFT" in result.stdout
+  assert "held-out sample accuracy at T = 1" in result.stdout
   assert (tmp_path / "quickstart.png").stat().st_size > 0
   sft, grpo = tmp_path / "sft", tmp_path / "grpo"
   assert _finished_checkpoints(sft) == [3, 6]

@@ -52,8 +52,10 @@ def test_train_step_compiles_sharded_from_shapes_only(reports):
   # Donated state: the update writes over its inputs.
   assert train["alias_bytes"] >= train["params_bytes"] + train["opt_state_bytes"]
   # Nothing of model size was ever allocated on the host: the 2-layer model is
-  # 6.5 GB in float32, the whole process peaked far below it.
-  assert train["peak_rss_bytes"] < config.num_params() * F32 / 4
+  # 6.5 GB in float32 (and the 8 fake devices share this process's memory, so
+  # materialised shards would add up to all of it). The peak was 1.4 GB alone
+  # and 3.0 GB with the test suite's workers around; compile memory varies.
+  assert train["peak_rss_bytes"] < config.num_params() * F32 * 0.75
 
 
 def test_decode_step_compiles_on_the_sampler_mesh(reports):
