@@ -36,9 +36,7 @@ Variants (after the colon): `method=sft|flat_grpo|turn_grpo|rtpo`, `horizon=K`, 
 from jaxrl_post.config_args import parse_arg
 from jaxrl_post.training import rtpo_configs
 
-HORIZONS = (2, 4, 6, 8)
-SEEDS = (0, 1, 2)
-METHODS = ("flat_grpo", "turn_grpo", "rtpo")
+HORIZONS, SEEDS = rtpo_configs.HORIZONS, rtpo_configs.SEEDS
 
 
 def get_config(arg=None):
@@ -53,15 +51,5 @@ def get_config(arg=None):
   return config
 
 
-def sweep(add, arg=None):
-  """The success-vs-horizon grid; each entry also needs `init_from` its (K, seed) SFT run."""
-  del arg
-  for horizon in HORIZONS:
-    for seed in SEEDS:
-      for method in METHODS:
-        add(method=method, horizon=horizon, seed=seed)
-
-
-def metrics():
-  return ["eval/success", "eval/sampled_success", "rollout/success", "budget/generated_tokens",
-          "time/wall", "train/consistency_ratio", "rtpo/zero_adv_rate"]
+sweep = rtpo_configs.horizon_sweep
+metrics = rtpo_configs.grid_metrics

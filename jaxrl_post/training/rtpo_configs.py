@@ -142,3 +142,22 @@ def shrink_for_runlocal(config: ml_collections.ConfigDict) -> None:
   # A few steps of SFT leave `tiny` without a single success, so every advantage is 0; training
   # on those boundaries anyway (with zero gradients) makes the smoke run exercise the updates.
   config.skip_zero_advantage = False
+
+
+# The success-vs-horizon grid shared by configs/rtpo_*.py.
+HORIZONS = (2, 4, 6, 8)
+SEEDS = (0, 1, 2)
+
+
+def horizon_sweep(add, arg=None):
+  """The success-vs-horizon grid; each entry also needs `init_from` its (K, seed) SFT run."""
+  del arg
+  for horizon in HORIZONS:
+    for seed in SEEDS:
+      for method in METHODS:
+        add(method=method, horizon=horizon, seed=seed)
+
+
+def grid_metrics():
+  return ["eval/success", "eval/sampled_success", "rollout/success", "budget/generated_tokens",
+          "time/wall", "train/consistency_ratio", "rtpo/zero_adv_rate"]
