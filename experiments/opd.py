@@ -211,8 +211,7 @@ def main(argv):
         checkpointer.save(step, state, extra={"quota_sampler": quota.get_state(),
                                               "rl_step": step, "reference": reference})
       if guard.requested:
-        print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
-              "rerun the same command to resume")
+        guard.report_stop(step)
         break
   checkpointer.close()
   writer.close()

@@ -166,8 +166,7 @@ def main(argv):
               f"after step {step}")
         break
       if guard.requested:
-        print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
-              "rerun the same command to resume")
+        guard.report_stop(step)
         break
   checkpointer.close()
   writer.close()

@@ -87,8 +87,7 @@ def main(argv):
       if step % config.checkpoint_every == 0 or step == config.steps or guard.requested:
         checkpointer.save(step, state, extra={"data": data_iter.get_state()})
       if guard.requested:
-        print(f"{guard.signal_name}: stopped after step {step} with a checkpoint; "
-              "rerun the same command to resume")
+        guard.report_stop(step)
         break
   checkpointer.close()
   writer.close()

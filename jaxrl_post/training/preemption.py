@@ -35,6 +35,11 @@ class PreemptionGuard:
     self.requested = True
     self.signal_name = signal.Signals(signum).name
 
+  def report_stop(self, step: int) -> None:
+    """Tells the user the run stopped on a signal after `step`, with a checkpoint to resume from."""
+    print(f"{self.signal_name}: stopped after step {step} with a checkpoint; "
+          "rerun the same command to resume")
+
   def __enter__(self) -> PreemptionGuard:
     # Signal handlers can only be installed from the main thread (tests and
     # notebooks may run loops elsewhere; there the guard is inert).
