@@ -130,8 +130,7 @@ def get_config(arg=None):
   c.num_micro_batches = 1
   # The paper's schedule is constant; warmup-cosine with a far horizon is constant in practice.
   # 5e-5 is the GRPO learning rate of this model (docs/results.md), not tuned for OPD.
-  c.optimizer = ml_collections.ConfigDict(dict(lr=5e-5, warmup_steps=0, weight_decay=0.0,
-                                               grad_clip=1.0, decay_steps=1_000_000_000))
+  c.optimizer = base_configs.optimizer_config(lr=5e-5, decay_steps=1_000_000_000)
   c.eval_every = 10
   c.eval_examples = 64  # per domain
   c.eval_teachers = True  # RouteRL reference at step 0 (each domain by its own teacher)

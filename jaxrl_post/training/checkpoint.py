@@ -66,6 +66,22 @@ class Checkpointer:
                                     extra=ocp.args.JsonRestore()))
     return restored.state, dict(restored.extra or {})
 
+  def restore_params(self, step: int | None, params: Any) -> Any:
+    """Restores only the `params` field of a saved train state, into `params`' structure.
+
+    What `init_from` needs: the optimizer state on disk (of another run, maybe
+    another optimizer) is neither read nor required to match.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    item = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params)}
+    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+      partial_restore=True)))
+    leaves = jax.tree.leaves(restored.state["params"])
+    return jax.tree.unflatten(jax.tree.structure(params), leaves)
+
   def wait(self) -> None:
     """Blocks until an asynchronous save has been committed."""
     self._manager.wait_until_finished()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from jaxrl_post.training import base_configs
 from jaxrl_post.training.rtpo import METHODS
 
 SFT = "sft"
@@ -91,8 +92,7 @@ def base_config(arg) -> ml_collections.ConfigDict:
   if arg.method == SFT:
     config.steps = arg.steps or 800
     config.episodes_per_step = 8  # SFT rows per step: episodes × (K + 1) turns
-    config.optimizer = ml_collections.ConfigDict(dict(
-      lr=3e-3, warmup_steps=30, weight_decay=0.0, grad_clip=1.0, decay_steps=0))
+    config.optimizer = base_configs.optimizer_config(lr=3e-3, warmup_steps=30)
     config.eval_every = 100
     config.checkpoint_every = 100
   else:
@@ -103,8 +103,7 @@ def base_config(arg) -> ml_collections.ConfigDict:
     # optimizer structure).
     # 1e-3 collapsed `tiny` on kv_lookup within one RTPO step (sampled success 0.83 → 0) and
     # flat GRPO within five; 1e-4 did not (the GRPO binary saw the same with `small`).
-    config.optimizer = ml_collections.ConfigDict(dict(
-      lr=1e-4, warmup_steps=0, weight_decay=0.0, grad_clip=1.0, decay_steps=10**9))
+    config.optimizer = base_configs.optimizer_config(lr=1e-4, decay_steps=10**9)
     config.eval_every = 5
     config.checkpoint_every = 5
   # Stop once this many tokens were generated for training (0: no budget); the comparison

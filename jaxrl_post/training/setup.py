@@ -59,7 +59,10 @@ def build_model(config, tokenizer, start: StartPoint) -> CausalLM:
 
 
 def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
-  """AdamW with linear warm-up then cosine decay, after global-norm clipping."""
+  """AdamW or SGD with linear warm-up then cosine decay, after global-norm clipping.
+
+  `config.optimizer` is a `base_configs.optimizer_config()` block.
+  """
   opt = config.optimizer
   # An explicit decay horizon keeps the schedule of a run independent of where
   # it is stopped (a shorter `steps` then gives a prefix of the same run).
@@ -68,8 +71,17 @@ def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0 if warmup else opt.lr, peak_value=opt.lr, warmup_steps=warmup,
     decay_steps=max(total_steps, warmup + 1), end_value=opt.lr * 0.1)
-  return optax.chain(optax.clip_by_global_norm(opt.grad_clip),
-                     optax.adamw(schedule, weight_decay=opt.weight_decay))
+  if opt.name == "adamw":
+    update = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                         weight_decay=opt.weight_decay)
+  elif opt.name == "sgd":
+    if opt.weight_decay:
+      raise ValueError("config.optimizer.weight_decay is AdamW's decoupled decay; set it to 0 "
+                       "with name='sgd'")
+    update = optax.sgd(schedule, momentum=opt.momentum or None)
+  else:
+    raise ValueError(f"config.optimizer.name={opt.name!r}: expected 'adamw' or 'sgd'")
+  return optax.chain(optax.clip_by_global_norm(opt.grad_clip), update)
 
 
 def restore(start: StartPoint, checkpointer: Checkpointer, state: TrainState
@@ -86,9 +98,9 @@ def restore(start: StartPoint, checkpointer: Checkpointer, state: TrainState
     log.info("restored step %d from %s", start.step, start.path)
     return restored, extra
   if start.kind == "init_from_checkpoint":
-    restored, _ = Checkpointer(start.path).restore(start.step, state)
+    params = Checkpointer(start.path).restore_params(start.step, state.params)
     log.info("initialised parameters from %s step %d", start.path, start.step)
-    return state.replace(params=restored.params), {}
+    return state.replace(params=params), {}
   return state, {}
 
 

@@ -84,3 +84,34 @@ def test_metric_writer_jsonl_tensorboard_and_resume(tmp_path):
   writer.write(4, {"loss": 0.25})
   writer.close()
   assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_init_from_reads_parameters_only_whatever_the_optimizer(tmp_path):
+  # An SFT checkpoint written with AdamW initialises a run that uses SGD with momentum:
+  # the optimizer states differ in structure, the parameters must still come back exactly.
+  import ml_collections
+
+  from jaxrl_post.training import base_configs
+  from jaxrl_post.training import setup as run_setup
+  from jaxrl_post.training.checkpoint import StartPoint
+  from jaxrl_post.training.train_state import create_train_state
+
+  def state_with(name, seed):
+    config = ml_collections.ConfigDict()
+    config.optimizer = base_configs.optimizer_config(lr=1e-3, name=name, momentum=0.9)
+    model = CausalLM(get_model_config("tiny"), rngs=nnx.Rngs(seed))
+    return create_train_state(model, run_setup.build_optimizer(config, 10), jax.random.key(0))
+
+  saved = state_with("adamw", seed=1)
+  ckpt = Checkpointer(tmp_path / "sft" / "checkpoints")
+  ckpt.save(3, saved)
+  ckpt.close()
+  fresh = state_with("sgd", seed=2)
+  start = StartPoint("init_from_checkpoint", tmp_path / "sft" / "checkpoints", 3)
+  restored, extra = run_setup.restore(start, Checkpointer(tmp_path / "unused"), fresh)
+  assert extra == {}
+  assert jax.tree.structure(restored.opt_state) == jax.tree.structure(fresh.opt_state)
+  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(restored.params),
+                               jax.tree.leaves(saved.params)):
+    np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(path))
+  assert not np.array_equal(jax.tree.leaves(fresh.params)[0], jax.tree.leaves(saved.params)[0])
