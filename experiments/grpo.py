@@ -6,6 +6,10 @@ r"""GRPO-family RL on a verifiable task: sample → reward → advantages → up
 The policy loss, advantage estimator and KL are chosen by name in the config
 (`config.loss.name`, `config.advantage`); see jaxrl_post.losses. Killed and
 restarted with the same command, the run resumes from its last checkpoint.
+
+Devices come from `config.mesh` (jaxrl_post.parallel.mesh): the trainer shards
+over `--config.mesh.ici_data/ici_fsdp/ici_tensor`, and the sampler shares its
+devices or, with `--config.mesh.sampler_devices=n`, has the last n to itself.
 """
 
 import time
@@ -19,6 +23,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxrl_post import advantages as advantages_lib
+from jaxrl_post.parallel.mesh import make_placement, put_batch
+from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.sampling import Sampler, rollout_metrics
 from jaxrl_post.tasks import data as task_data
 from jaxrl_post.training import rl
@@ -36,6 +42,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
+
+  # ---- Devices: the trainer's and the sampler's meshes and rules (config.mesh) ----
+  # First, so that a mesh that does not fit the devices fails before anything is
+  # built; the errors name the `config.mesh.*` keys.
+  placement = make_placement(config.mesh)
+  train_mesh, train_rules = placement.train_mesh, placement.train_rules
+  logging.info("trainer mesh %s, sampler mesh %s (%s)", dict(train_mesh.shape),
+               dict(placement.sample_mesh.shape),
+               "colocated" if placement.colocated else "disaggregated")
 
   # ---- Task, tokenizer, model, loss (validated before anything compiles) ----
   task, tokenizer, start, model = run_setup.build_run(config, workdir)
@@ -63,16 +78,20 @@ def main(argv):
   # ---- Train state, reference model, update step, restore ----
   updates_per_step = config.ppo_epochs * config.ppo_mini_batches
   optimizer = run_setup.build_optimizer(config, config.steps * updates_per_step)
-  state = create_train_state(model, optimizer, jax.random.key(config.seed))
+  # Born sharded on the trainer's mesh; the optimizer moments follow their parameters.
+  state = create_train_state(model, optimizer, jax.random.key(config.seed), mesh=train_mesh,
+                             rules=train_rules)
   graphdef = nnx.split(model)[0]
   step_fn = make_train_step(graphdef, loss_fn, optimizer,
-                            num_micro_batches=config.num_micro_batches,
-                            shared=("num_tokens", "num_sequences"))
+                            num_micro_batches=config.num_micro_batches, mesh=train_mesh,
+                            rules=train_rules, shared=("num_tokens", "num_sequences"))
   checkpointer = Checkpointer(run_setup.checkpoint_dir(workdir),
                               max_to_keep=config.keep_checkpoints)
   # The frozen reference is the starting policy (SFT or HF weights): restore
   # the starting point first, copy it, then apply this workdir's checkpoint,
-  # so a resumed run has the same reference as one that never stopped.
+  # so a resumed run has the same reference as one that never stopped. Restores
+  # take the shardings of `state`, and the copy keeps them: the reference lives
+  # on the trainer's mesh in the trainer's layout.
   initial = run_setup.start_point(config, workdir, ignore_workdir=True)
   state, extra = run_setup.restore(initial, checkpointer, state)
   reference_params = jax.tree.map(jnp.copy, state.params)
@@ -84,12 +103,29 @@ def main(argv):
   first_step = int(extra.get("rl_step", 0))
   writer = MetricWriter(workdir, resume_step=first_step if start.kind == "workdir" else None)
   writer.write_config(config)
-  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len)
+  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len,
+                    mesh=placement.sample_mesh, rules=placement.sample_rules)
+  # Old-policy and reference log-probs are scored by the trainer: on its mesh,
+  # in its layout, from `state.params` and `reference_params` as they are.
+  # `old_logp` then comes from the same parameters and sharding as the update's
+  # forward pass, so the first PPO ratio is 1 up to float noise, and
+  # `rollout/logp_*` measure the sampler/trainer mismatch they are meant to.
+  # The frozen reference needs no second copy in the sampler's layout (whose
+  # devices hold the KV cache), and for scoring only the token batch moves.
+  scorer = Sampler(model, tokenizer, max_prompt_len=config.prompt_len, mesh=train_mesh,
+                   rules=train_rules)
   rng = jax.random.key(config.seed + 1)
   g = config.group_size
 
+  def sampler_params():
+    # The parameters in the sampler's layout: a re-layout in place when
+    # colocated (nothing when the layouts agree), a device-to-device copy when
+    # disaggregated. The result may alias `state.params`, which the next update
+    # donates, so it is made afresh before each use.
+    return reshard_state(state.params, placement.sample_mesh, placement.sample_rules)
+
   def run_eval(step):
-    metrics = rl.evaluate(sampler, state.params, task, eval_records,
+    metrics = rl.evaluate(sampler, sampler_params()[0], task, eval_records,
                           max_new_tokens=config.max_new_tokens, k=config.eval_pass_k,
                           temperature=config.temperature, rng=jax.random.key(step),
                           timeout_s=config.reward_timeout_s)
@@ -107,13 +143,17 @@ def main(argv):
       timings = {}
       records = next(data_iter)
       records = [{k: records[k][i] for k in records} for i in range(len(records["prompt"]))]
+      params, timings["time/reshard"] = sampler_params()
       tic = time.perf_counter()
-      rollout = sampler.generate(state.params, [r["prompt"] for r in records],
+      rollout = sampler.generate(params, [r["prompt"] for r in records],
                                  n_samples_per_prompt=g, max_new_tokens=config.max_new_tokens,
                                  temperature=config.temperature, top_k=config.top_k,
                                  top_p=config.top_p, rng=jax.random.fold_in(rng, step))
       rollout.completion_tokens.block_until_ready()
       timings["time/generate"] = time.perf_counter() - tic
+      # Colocated, the sampler's copy holds a whole tensor shard of the model on
+      # every device; free it before the update needs the memory.
+      del params
       texts = sampler.decode_text(rollout)
       correct, fmt, failures = rl.rewards_for(task, records, texts, g,
                                               timeout_s=config.reward_timeout_s)
@@ -121,16 +161,20 @@ def main(argv):
       adv = advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
                          eps=config.advantage_eps, reward_weights=reward_weights)
       tic = time.perf_counter()
-      batch = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
-                   completion_tokens=rollout.completion_tokens,
-                   completion_mask=rollout.completion_mask, adv=adv)
-      old = sampler.score(state.params, **batch_inputs(batch), temperature=config.temperature)
+      # To the host (the rollout may sit on the sampler's devices), then onto
+      # the trainer's mesh, rows split over its batch axes.
+      batch = jax.device_get(dict(
+        prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
+        completion_tokens=rollout.completion_tokens, completion_mask=rollout.completion_mask,
+        adv=adv))
+      inputs = put_batch(batch_inputs(batch), train_mesh, train_rules)
+      old = scorer.score(state.params, **inputs, temperature=config.temperature)
       batch["old_logp"] = old.logp.block_until_ready()
       timings["time/score"] = time.perf_counter() - tic
       if config.loss.beta > 0:
         tic = time.perf_counter()
-        batch["ref_logp"] = sampler.score(reference_params, **batch_inputs(batch),
-                                          temperature=config.temperature).logp.block_until_ready()
+        batch["ref_logp"] = scorer.score(reference_params, **inputs,
+                                         temperature=config.temperature).logp.block_until_ready()
         timings["time/reference"] = time.perf_counter() - tic
       tic = time.perf_counter()
       # PPO: `ppo_epochs` passes over the rollouts, each in `ppo_mini_batches`
@@ -140,7 +184,7 @@ def main(argv):
       updates = []
       for _ in range(config.ppo_epochs):
         for mini_batch in rl.ppo_mini_batches(batch, config.ppo_mini_batches, shuffle):
-          state, metrics = step_fn(state, mini_batch)
+          state, metrics = step_fn(state, put_batch(mini_batch, train_mesh, train_rules))
           updates.append(metrics)
       metrics = rl.mean_update_metrics([run_setup.host_metrics(m) for m in updates])
       timings["time/update"] = time.perf_counter() - tic

@@ -4,6 +4,8 @@ r"""Teacher-forced SFT on a task's demonstrations (the warm start small models n
 
 Killed and restarted with the same command, the run resumes from its last
 checkpoint in `--workdir` (parameters, optimizer, step and data position).
+Devices come from `config.mesh`, as in experiments/grpo.py (the evaluation
+sampler plays the sampler's part).
 """
 
 import jax
@@ -13,6 +15,8 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
+from jaxrl_post.parallel.mesh import make_placement, put_batch
+from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.tasks import data as task_data
 from jaxrl_post.training import rl
@@ -31,6 +35,13 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
 
+  # ---- Devices: the trainer's mesh, and the evaluation sampler's (config.mesh) ----
+  # As in experiments/grpo.py, so one config's mesh block means the same in both.
+  placement = make_placement(config.mesh)
+  train_mesh, train_rules = placement.train_mesh, placement.train_rules
+  logging.info("trainer mesh %s, sampler mesh %s", dict(train_mesh.shape),
+               dict(placement.sample_mesh.shape))
+
   # ---- Task, tokenizer, model (all validated before anything compiles) ----
   task, tokenizer, start, model = run_setup.build_run(config, workdir)
   logging.info("start: %s; model %s (%.2fM parameters)", start.kind, config.model,
@@ -43,11 +54,12 @@ def main(argv):
 
   # ---- Train state, update step, restore ----
   optimizer = run_setup.build_optimizer(config, config.steps)
-  state = create_train_state(model, optimizer, jax.random.key(config.seed))
+  state = create_train_state(model, optimizer, jax.random.key(config.seed), mesh=train_mesh,
+                             rules=train_rules)
   graphdef = nnx.split(model)[0]
   step_fn = make_train_step(graphdef, rl.sft_loss, optimizer,
-                            num_micro_batches=config.num_micro_batches,
-                            shared=("num_tokens", "num_sequences"))
+                            num_micro_batches=config.num_micro_batches, mesh=train_mesh,
+                            rules=train_rules, shared=("num_tokens", "num_sequences"))
   checkpointer = Checkpointer(run_setup.checkpoint_dir(workdir),
                               max_to_keep=config.keep_checkpoints)
   state, extra = run_setup.restore(start, checkpointer, state)
@@ -57,10 +69,13 @@ def main(argv):
   first_step = int(state.step) if start.kind in ("workdir", "resume") else 0
   writer = MetricWriter(workdir, resume_step=first_step if start.kind == "workdir" else None)
   writer.write_config(config)
-  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len)
+  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len,
+                    mesh=placement.sample_mesh, rules=placement.sample_rules)
 
   def run_eval(step):
-    metrics = rl.evaluate(sampler, state.params, task, eval_records,
+    # Decoding wants the sampler's layout (no per-token FSDP all-gathers).
+    params, _ = reshard_state(state.params, placement.sample_mesh, placement.sample_rules)
+    metrics = rl.evaluate(sampler, params, task, eval_records,
                           max_new_tokens=config.eval_max_new_tokens, k=config.eval_pass_k)
     writer.write(step, {f"eval/{k}": v for k, v in metrics.items()})
     logging.info("step %d eval: %s", step, metrics)
@@ -74,7 +89,8 @@ def main(argv):
       records = next(data_iter)
       batch = rl.encode_pairs(tokenizer, records["prompt"], records["demonstration"],
                               prompt_len=config.prompt_len, completion_len=config.completion_len)
-      state, metrics = step_fn(state, rl.with_normalizers(batch))
+      batch = put_batch(rl.with_normalizers(batch), train_mesh, train_rules)
+      state, metrics = step_fn(state, batch)
       if step % config.log_every == 0 or step == config.steps:
         metrics = run_setup.host_metrics(metrics)
         if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:

@@ -388,10 +388,36 @@ def batch_mesh_axes(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[str, ...]
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES, ndim: int = 1) -> NamedSharding:
-  """`NamedSharding` for an array `[batch, ...]` of rank `ndim`, split over the batch axes."""
+def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES, ndim: int = 1,
+                   shape: Sequence[int] | None = None) -> NamedSharding:
+  """`NamedSharding` for an array `[batch, ...]` of rank `ndim`, split over the batch axes.
+
+  With `shape` (which then sets the rank), batch axes that do not divide the
+  batch are dropped, as for parameters: a mini-batch of 4 rows on 8 devices is
+  replicated rather than refused by `jax.device_put`.
+  """
+  if shape is not None:
+    logical = (axes.BATCH,) + (None,) * (len(shape) - 1)
+    return NamedSharding(mesh, axes.logical_to_spec(logical, rules, mesh, tuple(shape)))
   batch = batch_mesh_axes(mesh, rules)
   return NamedSharding(mesh, PartitionSpec(batch or None, *([None] * (ndim - 1))))
+
+
+def put_batch(batch: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+  """Places a pytree of host or device arrays on `mesh`: rows over the batch axes.
+
+  Scalars (global normalisers such as `num_tokens`) are replicated. Arrays
+  may come from other devices (a disaggregated sampler's rollout). One
+  process only: across hosts, each process holds only its rows, and the
+  global batch is `jax.make_array_from_process_local_data(batch_sharding(...))`.
+  """
+  def put(x):
+    shape = np.shape(x)
+    sharding = (batch_sharding(mesh, rules, shape=shape) if shape
+                else NamedSharding(mesh, PartitionSpec()))
+    return jax.device_put(x, sharding)
+
+  return jax.tree.map(put, batch)
 
 
 def batch_psum(fn: Callable, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Callable:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from jaxrl_post.parallel.mesh import mesh_config
+
 
 def optimizer_config(*, lr: float, name: str = "adamw", warmup_steps: int = 0,
                      decay_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0,
@@ -37,6 +39,9 @@ def _common(seed: int = 0) -> ml_collections.ConfigDict:
   config.resume = ""
   config.init_from = ""
   config.max_nonfinite_streak = 5
+  # Devices and sharding rules, one override each (`--config.mesh.ici_tensor=2`,
+  # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
+  config.mesh = mesh_config()
   return config
 
 

@@ -172,6 +172,25 @@ def test_batch_axes_follow_the_rules():
                                                                                None)
 
 
+def test_put_batch_splits_rows_it_divides_and_replicates_the_rest():
+  mesh = mesh_lib.make_mesh(mesh_lib.mesh_config(ici=dict(data=2, fsdp=4)))
+  batch = {"tokens": np.arange(16).reshape(8, 2), "adv": np.ones(4, np.float32),
+           "odd": np.zeros((3, 5)), "num_tokens": np.float32(12)}
+  placed = mesh_lib.put_batch(batch, mesh)
+  assert placed["tokens"].sharding.spec == PartitionSpec(("data", "fsdp"), None)
+  # 4 rows: `data` divides them, `data` × `fsdp` does not; 3 rows: neither.
+  assert placed["adv"].sharding.spec == PartitionSpec("data")
+  assert placed["odd"].sharding.spec == PartitionSpec(None, None)
+  assert placed["num_tokens"].sharding.spec == PartitionSpec()
+  for key, value in batch.items():
+    np.testing.assert_array_equal(np.asarray(placed[key]), value)
+  # From other devices (a disaggregated sampler's rollout) onto this mesh.
+  other = mesh_lib.make_mesh(mesh_lib.mesh_config(ici=dict(data=4)), devices=jax.devices()[4:])
+  moved = mesh_lib.put_batch(mesh_lib.put_batch(batch, other), mesh)
+  assert moved["tokens"].sharding == placed["tokens"].sharding
+  np.testing.assert_array_equal(np.asarray(moved["tokens"]), batch["tokens"])
+
+
 def _uneven_batch():
   # Row r keeps r + 1 tokens: shards hold very different token counts, so a
   # mean of per-shard means would differ from the global token-mean.

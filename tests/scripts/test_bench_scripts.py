@@ -32,3 +32,12 @@ def test_bench_model_reports_fraction_of_peak():
                      "--seq_len=16", "--repeats=1", "--matmul_n=256")
   assert [r["what"] for r in rows] == ["matmul_peak", "forward"]
   assert rows[1]["tokens_per_s"] > 0 and rows[1]["fraction_of_matmul_peak"] > 0
+
+
+def test_bench_scaling_matches_the_1_device_loss_on_every_layout():
+  rows = _json_lines("bench_scaling.py", "--model=tiny", "--rows=4", "--prompt_len=4",
+                     "--completion_len=8", "--repeats=1", "--max_devices=2")
+  assert [r["what"] for r in rows] == ["reference_1_device", "grpo_update", "grpo_update"]
+  assert [r["layout"] for r in rows[1:]] == ["data=2", "fsdp=2"]
+  assert rows[0]["seconds"] > 0 and all(r["time_vs_1_device"] > 0 for r in rows[1:])
+  assert all(r["loss_matches"] for r in rows[1:]), rows

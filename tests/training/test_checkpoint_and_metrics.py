@@ -5,13 +5,16 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.models.hf import save_hf
+from jaxrl_post.parallel.mesh import make_placement, mesh_config
 from jaxrl_post.training.checkpoint import Checkpointer, resolve_start
 from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.train_state import create_train_state
 
 
 def _state(value=1.0):
@@ -31,6 +34,23 @@ def test_save_restore_round_trip_keeps_n(tmp_path):
   state, extra = ckpt.restore(2, _state())
   assert int(state["step"]) == 2 and extra["data"]["position"] == 20
   ckpt.close()
+
+
+def test_restore_into_a_sharded_train_state_keeps_its_shardings(tmp_path):
+  placement = make_placement(mesh_config(ici=dict(data=2, fsdp=2, tensor=2)))
+  model = CausalLM(get_model_config("tiny"), rngs=nnx.Rngs(0))
+  state = create_train_state(model, optax.adam(1e-3), jax.random.key(0),
+                             mesh=placement.train_mesh, rules=placement.train_rules)
+  ckpt = Checkpointer(tmp_path / "checkpoints")
+  ckpt.save(1, state)
+  ckpt.wait()
+  restored, _ = ckpt.restore(1, state)
+  ckpt.close()
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+    assert b.sharding == a.sharding
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+  q = restored.params["layers"][0]["attn"]["q_proj"].get_value()
+  assert tuple(q.sharding.spec)[:2] == ("fsdp", "tensor")
 
 
 def test_unfinished_save_is_never_the_latest(tmp_path):
