@@ -30,7 +30,7 @@ def _finished_checkpoints(workdir):
   return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
 
 
-def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path):
+def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path, format_writer_policy):
   result = subprocess.run([sys.executable, str(ROOT / "experiments" / "quickstart.py"),
                            "--runlocal", f"--workdir={tmp_path}"], capture_output=True,
                           text=True, env=ENV, timeout=900, check=False)
@@ -48,10 +48,18 @@ def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path):
              for r in full)
 
   # A 6-step run, SIGKILLed (no handler runs) once step 3 is logged after
-  # checkpoint 2 finished, then the same command again: its steps 1-4 equal the
-  # uninterrupted 4-step run (the learning-rate schedule does not depend on `steps`).
+  # checkpoint 2 finished, then the same command again: its steps 1-4 equal an
+  # uninterrupted 4-step run (the learning-rate schedule does not depend on
+  # `steps`). Both start from a policy that earns the format reward now and then
+  # (conftest.py): the runlocal SFT never does in 12 tokens, and a comparison of
+  # all-zero losses and gradients would pass whatever the resume did.
   args = ("grpo.py", "grpo_arith.py:runlocal")
-  extra = (f"--config.init_from={sft}", "--config.steps=6")
+  init = f"--config.init_from={format_writer_policy}"
+  _run(*args, tmp_path / "grpo_uninterrupted", init, "--config.steps=4")
+  full = [r for r in read_metrics(tmp_path / "grpo_uninterrupted") if "train/loss" in r]
+  assert max(r["train/grad_norm"] for r in full) > 1e-2
+  assert max(abs(r["train/loss"]) for r in full) > 1e-3
+  extra = (init, "--config.steps=6")
   resumed = tmp_path / "grpo_killed"
   process = subprocess.Popen(_command(*args, resumed, *extra), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=ENV)
@@ -68,5 +76,5 @@ def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path):
   again = [r for r in read_metrics(resumed) if "train/loss" in r]
   assert [r["step"] for r in again] == [1, 2, 3, 4, 5, 6]
   for a, b in zip(full, again):
-    for key in ("train/loss", "train/reward_correct", "train/grad_norm"):
+    for key in ("train/loss", "train/reward_format", "train/grad_norm"):
       assert abs(a[key] - b[key]) < 1e-5, (key, a, b)
