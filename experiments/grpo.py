@@ -55,6 +55,8 @@ def main(argv):
   # ---- Task, tokenizer, model, loss (validated before anything compiles) ----
   task, tokenizer, start, model = run_setup.build_run(config, workdir)
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
+  # Dr.GRPO's fixed denominator is the generation budget, not the (trimmed) width.
+  loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
   try:
     loss_fn = rl.make_policy_loss(policy_loss=config.loss.name,
                                   temperature=config.temperature, **loss_kwargs)
@@ -163,10 +165,10 @@ def main(argv):
       tic = time.perf_counter()
       # To the host (the rollout may sit on the sampler's devices), then onto
       # the trainer's mesh, rows split over its batch axes.
-      batch = jax.device_get(dict(
+      batch = rl.trim_completions(jax.device_get(dict(
         prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
         completion_tokens=rollout.completion_tokens, completion_mask=rollout.completion_mask,
-        adv=adv))
+        adv=adv)), config.trim_completions_to)
       inputs = put_batch(batch_inputs(batch), train_mesh, train_rules)
       old = scorer.score(state.params, **inputs, temperature=config.temperature)
       batch["old_logp"] = old.logp.block_until_ready()

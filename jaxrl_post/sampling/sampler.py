@@ -260,8 +260,10 @@ def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> 
 
   Args:
     rollout: a `Rollout`.
-    trainer_logp: `[batch, time]` log-probs of the same tokens recomputed by
-      the trainer (`Sampler.score`). Adds `logp_abs_diff_{mean,max}` and
+    trainer_logp: `[batch, time']` log-probs of the same tokens recomputed by
+      the trainer (`Sampler.score`), `time' <= time` when the trainer scored
+      completions cut to their longest one (`rl.trim_completions`). Adds
+      `logp_abs_diff_{mean,max}` and
       `logp_mismatch_kl` = mean over tokens of exp(δ) − 1 − δ with
       δ = trainer − sampler (the k3 estimator of KL(sampler ‖ trainer)); all 0
       when the two agree, which is the sampler/trainer consistency check.
@@ -274,7 +276,12 @@ def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> 
   for code, name in enumerate(FINISH_NAMES):
     metrics[f"finish_{name}_fraction"] = float((finish == code).mean())
   if trainer_logp is not None:
-    delta = (np.asarray(trainer_logp, np.float64) - np.asarray(rollout.logp, np.float64))[mask]
+    width = trainer_logp.shape[-1]
+    if mask[:, width:].any():
+      raise ValueError(f"trainer_logp covers {width} completion positions but the rollout has "
+                       f"tokens up to {int(lengths.max())}")
+    sampler_logp = np.asarray(rollout.logp, np.float64)[:, :width]
+    delta = (np.asarray(trainer_logp, np.float64) - sampler_logp)[mask[:, :width]]
     if delta.size:
       metrics["logp_abs_diff_mean"] = float(np.abs(delta).mean())
       metrics["logp_abs_diff_max"] = float(np.abs(delta).max())

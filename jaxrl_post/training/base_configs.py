@@ -65,6 +65,10 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   config = _common()
   config.prompt_len = 16
   config.max_new_tokens = 72
+  # Score and update on completions cut to the step's longest, rounded up to a
+  # multiple of this (0: the full `max_new_tokens`): a few compiled widths,
+  # no padding work.
+  config.trim_completions_to = 16
   config.prompts_per_step = 16
   config.group_size = 8
   config.temperature = 1.0

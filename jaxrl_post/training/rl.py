@@ -155,6 +155,23 @@ def rewards_for(task: Task, records: Sequence[Mapping[str, Any]], texts: Sequenc
   return correct, fmt, RewardFailures(errors, timeouts)
 
 
+def trim_completions(batch: Mapping[str, Any], multiple: int) -> dict[str, Any]:
+  """Drops the all-padding tail of the completion arrays, keeping a multiple of `multiple`.
+
+  A sampler pads completions to `max_new_tokens`; the update and the scoring
+  passes cost the padded width, so cutting it to the longest completion of the
+  step (rounded up, so only a few widths ever compile) saves their work.
+  `multiple=0` keeps the batch as it is.
+  """
+  mask = np.asarray(batch["completion_mask"])
+  width = mask.shape[1]
+  if not multiple:
+    return dict(batch)
+  longest = int(mask.any(axis=0).nonzero()[0].max(initial=-1)) + 1
+  keep = min(width, max(multiple, -(-longest // multiple) * multiple))
+  return {k: (v[:, :keep] if k.startswith("completion_") else v) for k, v in batch.items()}
+
+
 def ppo_mini_batches(batch: Mapping[str, Any], num_mini_batches: int,
                      rng: np.random.Generator) -> list[dict[str, Any]]:
   """Splits a rollout batch into `num_mini_batches` shuffled row subsets, one optimizer step each.

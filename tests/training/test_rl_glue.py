@@ -75,3 +75,71 @@ def test_truncated_last_metrics_line_is_skipped_and_resume_drops_it(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
   with pytest.raises(ValueError, match="line 2 is not JSON"):
     read_metrics(tmp_path)
+
+
+def _rollout_batch(lengths, width=72, rows_prompt=4):
+  rng = np.random.default_rng(0)
+  mask = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+  return {"prompt_tokens": rng.integers(3, 20, (len(lengths), rows_prompt)).astype(np.int32),
+          "prompt_mask": np.ones((len(lengths), rows_prompt), bool),
+          "completion_tokens": np.where(mask, rng.integers(3, 20, mask.shape), 0).astype(np.int32),
+          "completion_mask": mask, "adv": rng.normal(size=len(lengths)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("lengths, multiple, width", [
+  ((3, 19, 7), 16, 32),   # longest 19 → 32
+  ((3, 16, 7), 16, 16),   # exactly a multiple
+  ((70, 1), 16, 72),      # never wider than the sampler's width
+  ((0, 0), 16, 16),       # nothing generated: one multiple
+  ((3, 19, 7), 0, 72),    # 0 turns it off
+])
+def test_trim_completions_widths(lengths, multiple, width):
+  batch = _rollout_batch(lengths)
+  trimmed = rl.trim_completions(batch, multiple)
+  assert trimmed["completion_tokens"].shape[1] == trimmed["completion_mask"].shape[1] == width
+  assert trimmed["completion_mask"].sum() == batch["completion_mask"].sum()  # no token lost
+  np.testing.assert_array_equal(trimmed["prompt_tokens"], batch["prompt_tokens"])
+  np.testing.assert_array_equal(trimmed["adv"], batch["adv"])
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum-norm"])
+def test_trimmed_batch_gives_the_same_loss_and_gradient(mode):
+  import jax
+  from flax import nnx
+
+  from jaxrl_post.models import CausalLM, get_model_config
+
+  model = CausalLM(get_model_config("tiny", vocab_size=24), rngs=nnx.Rngs(0))
+  loss_fn = rl.make_policy_loss(policy_loss="grpo", loss_agg_mode=mode, max_tokens=72)
+  graphdef, params = nnx.split(model)
+
+  def loss_and_grad(batch):
+    batch = rl.with_normalizers(batch)
+    scored = rl.score_model(model, batch["prompt_tokens"], batch["prompt_mask"],
+                            batch["completion_tokens"], batch["completion_mask"])
+    batch["old_logp"] = jax.lax.stop_gradient(scored.logp) - 0.05  # ratios ≠ 1: clipping acts
+    return jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), batch)[0])(params)
+
+  full = _rollout_batch((3, 19, 7, 11), width=40)
+  loss, grads = loss_and_grad(full)
+  loss_t, grads_t = loss_and_grad(rl.trim_completions(full, 8))
+  np.testing.assert_allclose(loss_t, loss, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads_t), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_rollout_metrics_accept_trainer_logp_of_trimmed_width():
+  from jaxrl_post.sampling import rollout_metrics
+  from jaxrl_post.sampling.rollout import Rollout
+
+  batch = _rollout_batch((3, 5), width=12)
+  logp = np.where(batch["completion_mask"], -0.5, 0.0).astype(np.float32)
+  fields = dict(prompt_tokens=batch["prompt_tokens"], prompt_mask=batch["prompt_mask"],
+                completion_tokens=batch["completion_tokens"],
+                completion_mask=batch["completion_mask"], logp=logp,
+                finish_reason=np.zeros(2, np.int32), group_ids=np.arange(2))
+  rollout = Rollout(**{k: v for k, v in fields.items() if k in Rollout.__dataclass_fields__})
+  metrics = rollout_metrics(rollout, logp[:, :8] + 1e-3)
+  np.testing.assert_allclose(metrics["logp_abs_diff_max"], 1e-3, rtol=1e-3)
+  with pytest.raises(ValueError, match="covers 4 completion positions"):
+    rollout_metrics(rollout, logp[:, :4])
