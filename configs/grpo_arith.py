@@ -18,7 +18,8 @@ def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, model="small", steps=30, loss="grpo")
   config = base_configs.grpo_base(arg.loss)
   config.task = "arith"
-  config.task_knobs = dict(min_digits=1, max_digits=2, num_operands=2, operations="+-")
+  config.task_knobs = dict(min_digits=1, max_digits=2, num_operands=2, operations="+-",
+                          demo_slip=0.0)
   config.model, config.steps = arg.model, arg.steps
   if arg.runlocal:
     base_configs.shrink_grpo_for_runlocal(config)

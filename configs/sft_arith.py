@@ -19,7 +19,8 @@ def get_config(arg=None):
   config.task = "arith"
   # Two-operand additions and subtractions of 1-2 digit numbers: short
   # chain-of-thought demonstrations (≤ 67 characters) a 3M-parameter model learns.
-  config.task_knobs = dict(min_digits=1, max_digits=2, num_operands=2, operations="+-")
+  config.task_knobs = dict(min_digits=1, max_digits=2, num_operands=2, operations="+-",
+                          demo_slip=0.0)
   config.model, config.steps = arg.model, arg.steps
   if arg.runlocal:
     base_configs.shrink_sft_for_runlocal(config)

@@ -30,7 +30,7 @@ from jaxrl_post.tasks import data as task_data
 from jaxrl_post.training import rl
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer
-from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.metrics import MetricWriter, read_metrics, write_eval_outcomes
 from jaxrl_post.training.preemption import PreemptionGuard
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
@@ -127,11 +127,15 @@ def main(argv):
     return reshard_state(state.params, placement.sample_mesh, placement.sample_rules)
 
   def run_eval(step):
-    metrics = rl.evaluate(sampler, sampler_params()[0], task, eval_records,
-                          max_new_tokens=config.max_new_tokens, k=config.eval_pass_k,
-                          temperature=config.temperature, rng=jax.random.key(step),
-                          timeout_s=config.reward_timeout_s)
+    evaluation = rl.evaluate(sampler, sampler_params()[0], task, eval_records,
+                             max_new_tokens=config.max_new_tokens, k=config.eval_pass_k,
+                             temperature=config.temperature, rng=jax.random.key(step),
+                             timeout_s=config.reward_timeout_s)
+    metrics = evaluation.metrics
     writer.write(step, {f"eval/{k}": v for k, v in metrics.items()})
+    # Per prompt, so that two steps can be compared pairwise (rl.paired_gain).
+    write_eval_outcomes(workdir, step, greedy_correct=evaluation.greedy_correct,
+                        sample_correct=evaluation.sample_correct)
     logging.info("step %d eval: %s", step, metrics)
     return metrics
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxrl_post.training.metrics import read_metrics
+from jaxrl_post.training import rl
+from jaxrl_post.training.metrics import read_eval_outcomes, read_metrics
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/jaxrl_post_quickstart", "Where both runs go.")
 # 250 SFT steps stop at ≈ 0.63 held-out greedy accuracy, leaving RL room to act (400 steps reach
@@ -69,11 +70,20 @@ def main(argv):
   print(f"\nSFT ({sft_minutes:.1f} min) then GRPO: {(time.time() - tic) / 60:.1f} min in all")
   curve = ", ".join(f"{r['eval/accuracy']:.2f}" for r in sft_evals)
   print(f"held-out greedy accuracy during SFT (steps {sft_evals[0]['step']}…"
-        f"{sft_evals[-1]['step']}): {curve}; after RL (GRPO step {after['step']}): "
-        f"{after['eval/accuracy']:.3f}")
-  print(f"held-out sample accuracy at T = 1 (what RL maximises): before RL "
-        f"{before['eval/sample_accuracy']:.3f} → after RL {after['eval/sample_accuracy']:.3f}; "
-        f"pass@{pass_k[13:]} {before[pass_k]:.3f} → {after[pass_k]:.3f}")
+        f"{sft_evals[-1]['step']}): {curve}")
+  # The same held-out prompts before and after RL, compared prompt by prompt.
+  outcomes = read_eval_outcomes(grpo_dir)
+  first, last = outcomes[before["step"]], outcomes[after["step"]]
+  samples = first["sample_correct"].shape[1]
+  for name, key, metric in (
+      (f"sample accuracy (T = 1, {samples} per prompt; what RL maximises)", "sample_correct",
+       "eval/sample_accuracy"),
+      ("greedy accuracy", "greedy_correct", "eval/accuracy")):
+    gain, se = rl.paired_gain(first[key], last[key])
+    print(f"held-out {name}: {before[metric]:.3f} before RL → {after[metric]:.3f} after "
+          f"{after['step']} GRPO steps ({100 * gain:+.1f} ± {100 * se:.1f} points, paired "
+          f"over {len(first[key])} prompts)")
+  print(f"held-out pass@{pass_k[13:]}: {before[pass_k]:.3f} → {after[pass_k]:.3f}")
   print(f"plot: {plot}")
 
 

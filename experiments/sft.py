@@ -76,7 +76,8 @@ def main(argv):
     # Decoding wants the sampler's layout (no per-token FSDP all-gathers).
     params, _ = reshard_state(state.params, placement.sample_mesh, placement.sample_rules)
     metrics = rl.evaluate(sampler, params, task, eval_records,
-                          max_new_tokens=config.eval_max_new_tokens, k=config.eval_pass_k)
+                          max_new_tokens=config.eval_max_new_tokens,
+                          k=config.eval_pass_k).metrics
     writer.write(step, {f"eval/{k}": v for k, v in metrics.items()})
     logging.info("step %d eval: %s", step, metrics)
     return metrics

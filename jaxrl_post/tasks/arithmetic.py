@@ -28,6 +28,12 @@ Differences that go negative are rewritten first (`58-347=-(347-58)`), so every 
 operation is on non-negative numbers. Only ASCII `+ - *` appear, so all text fits the
 `CharTokenizer` alphabet.
 
+`demo_slip` > 0 makes the demonstrations those of a sloppy teacher: each carry, borrow or
+product carry is dropped (written as 0) with that probability, and the rest of the worked
+solution, its final answer included, follows from the slip. Prompts, answers and the verifier are
+unchanged, so a model imitating the teacher inherits its slips and only the reward can remove
+them (the default experiment, docs/results.md).
+
 Reward: `correct` is 1 when the final line `#### <integer>` equals the value; `format` is 1 when
 the completion ends with exactly one such line (see `base.final_answer`).
 """
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxrl_post.tasks import base
@@ -56,6 +62,8 @@ class ArithmeticTask(base.Task):
     num_operands: operands per expression (>= 2).
     operations: the operators to draw from, each uniformly, a subset of `"+-*"`; repeating one
       (`"++*"`) makes it more likely.
+    demo_slip: probability in [0, 1] that the demonstration drops each carry or borrow (see
+      the module docstring); 0 gives correct demonstrations.
   """
 
   name = "arith"
@@ -65,6 +73,7 @@ class ArithmeticTask(base.Task):
   max_digits: int = 3
   num_operands: int = 2
   operations: str = "+-*"
+  demo_slip: float = 0.0
 
   def __post_init__(self):
     if not 1 <= self.min_digits <= self.max_digits:
@@ -76,14 +85,22 @@ class ArithmeticTask(base.Task):
     if not self.operations or set(self.operations) - set(_OPERATIONS):
       raise ValueError(f"operations must be a non-empty string over {_OPERATIONS!r}, got "
                        f"{self.operations!r}")
+    if not 0.0 <= self.demo_slip <= 1.0:
+      raise ValueError(f"demo_slip must be in [0, 1], got {self.demo_slip}")
 
   def make_example(self, split: str, index: int) -> dict[str, Any]:
     rng = base.example_rng(self.name, self.seed, split, index)
     operands = [self._draw_operand(rng) for _ in range(self.num_operands)]
     operators = [rng.choice(self.operations) for _ in range(self.num_operands - 1)]
     expression = _render(operands, operators)
-    value, steps = _worked_solution(operands, operators)
-    demonstration = "\n".join([*steps, f"{base.FINAL_ANSWER_MARKER} {value}"])
+    value, _ = _worked_solution(operands, operators)
+    slip = None
+    if self.demo_slip:
+      # Its own stream: the knob changes demonstrations, never which problems are drawn.
+      slip_rng = base.example_rng(f"{self.name}/demo_slip", self.seed, split, index)
+      slip = lambda: slip_rng.random() < self.demo_slip  # noqa: E731
+    shown, steps = _worked_solution(operands, operators, slip)
+    demonstration = "\n".join([*steps, f"{base.FINAL_ANSWER_MARKER} {shown}"])
     return base.make_record(
       self.name, index, f"Q: {expression}=\n", str(value), demonstration,
       {"expression": expression},
@@ -109,8 +126,19 @@ def _render(operands: list[int], operators: list[str]) -> str:
   return "".join(parts)
 
 
-def _worked_solution(operands: list[int], operators: list[str]) -> tuple[int, list[str]]:
-  """The value of the expression and the lines of its worked solution."""
+Slip = Callable[[], bool] | None  # True: drop this carry / borrow (a sloppy teacher)
+
+
+def _carry(carry: int, slip: Slip) -> int:
+  return 0 if carry and slip is not None and slip() else carry
+
+
+def _worked_solution(operands: list[int], operators: list[str],
+                     slip: Slip = None) -> tuple[int, list[str]]:
+  """The value of the expression and the lines of its worked solution.
+
+  With `slip`, the value is the one the (slipping) worked solution arrives at.
+  """
   operands, operators = list(operands), list(operators)
   lines = []
   while operators:
@@ -118,11 +146,10 @@ def _worked_solution(operands: list[int], operators: list[str]) -> tuple[int, li
     i = operators.index("*") if "*" in operators else 0
     a, op, b = operands[i], operators[i], operands[i + 1]
     if op == "*":
-      lines += _multiply(a, b)
-      value = a * b
+      new_lines, value = _multiply(a, b, slip)
     else:
-      new_lines, value = _add_or_subtract(a, op, b)
-      lines += new_lines
+      new_lines, value = _add_or_subtract(a, op, b, slip)
+    lines += new_lines
     operands[i : i + 2] = [value]
     del operators[i]
     if operators:
@@ -130,30 +157,33 @@ def _worked_solution(operands: list[int], operators: list[str]) -> tuple[int, li
   return operands[0], lines
 
 
-def _multiply(a: int, b: int) -> list[str]:
+def _multiply(a: int, b: int, slip: Slip = None) -> tuple[list[str], int]:
   """Lines for `a*b` (both >= 0): one digit product per non-zero digit of `b`, then their sum."""
   if b < 10:
-    return [f"{a}*{b}: {_digit_product_columns(a, b)}", f"{a}*{b}={a * b}"]
+    columns, product = _digit_product_columns(a, b, slip)
+    return [f"{a}*{b}: {columns}", f"{a}*{b}={product}"], product
   lines = [f"{a}*{b}:"]
   partials = []
   for position, digit in enumerate(int(d) for d in reversed(str(b))):
     if digit == 0:
       continue
     shift = 10**position
-    lines.append(f"{a}*{digit}: {_digit_product_columns(a, digit)}")
-    lines.append(f"{a}*{digit * shift}={a * digit * shift}")
-    partials.append(a * digit * shift)
+    columns, product = _digit_product_columns(a, digit, slip)
+    lines.append(f"{a}*{digit}: {columns}")
+    lines.append(f"{a}*{digit * shift}={product * shift}")
+    partials.append(product * shift)
   total = partials[0]
   for p in partials[1:]:
-    lines.append(f"{total}+{p}: {_addition_columns(total, p)}")
-    lines.append(f"{total}+{p}={total + p}")
-    total += p
+    columns, new_total = _addition_columns(total, p, slip)
+    lines.append(f"{total}+{p}: {columns}")
+    lines.append(f"{total}+{p}={new_total}")
+    total = new_total
   if len(partials) > 1:  # With one partial product its line already reads `a*b=...`.
-    lines.append(f"{a}*{b}={a * b}")
-  return lines
+    lines.append(f"{a}*{b}={total}")
+  return lines, total
 
 
-def _add_or_subtract(r: int, op: str, t: int) -> tuple[list[str], int]:
+def _add_or_subtract(r: int, op: str, t: int, slip: Slip = None) -> tuple[list[str], int]:
   """Lines for `r op t` (`t >= 0`, `r` any sign) via one column operation on magnitudes."""
   # -a+t = t-a, -a-t = -(a+t); a difference x-y with x < y becomes -(y-x).
   if r >= 0:
@@ -165,12 +195,11 @@ def _add_or_subtract(r: int, op: str, t: int) -> tuple[list[str], int]:
   if subtract and x < y:
     x, y, negate = y, x, not negate
   plain = f"{x}{'-' if subtract else '+'}{y}"
-  magnitude = x - y if subtract else x + y
+  columns, magnitude = (_subtraction_columns if subtract else _addition_columns)(x, y, slip)
   value = -magnitude if negate else magnitude
   expression = f"{r}{op}{t}"
   rewritten = f"-({plain})" if negate else plain
   lines = [] if rewritten == expression else [f"{expression}={rewritten}"]
-  columns = _subtraction_columns(x, y) if subtract else _addition_columns(x, y)
   lines += [f"{plain}: {columns}", f"{plain}={magnitude}"]
   if rewritten != expression:
     lines.append(f"{expression}={value}")
@@ -182,37 +211,43 @@ def _digits(n: int, width: int) -> list[int]:
   return [int(d) for d in reversed(str(n).rjust(width, "0"))]
 
 
-def _addition_columns(x: int, y: int) -> str:
-  """`7+8+0=15, 4+5+1=10, 3+0+1=4` for 347+58: each column with its incoming carry."""
+def _addition_columns(x: int, y: int, slip: Slip = None) -> tuple[str, int]:
+  """`7+8+0=15, 4+5+1=10, 3+0+1=4` for 347+58: each column with its incoming carry; and the sum."""
   width = max(len(str(x)), len(str(y)))
-  carry, columns = 0, []
-  for dx, dy in zip(_digits(x, width), _digits(y, width), strict=True):
-    s = dx + dy + carry
-    columns.append(f"{dx}+{dy}+{carry}={s}")
+  carry, columns, total = 0, [], 0
+  for position, (dx, dy) in enumerate(zip(_digits(x, width), _digits(y, width), strict=True)):
+    s = dx + dy + _carry(carry, slip)
+    columns.append(f"{dx}+{dy}+{s - dx - dy}={s}")
+    # The top column's sum is written whole (`9+5+0=14`).
+    total += (s if position == width - 1 else s % 10) * 10**position
     carry = s // 10
-  return ", ".join(columns)
+  return ", ".join(columns), total
 
 
-def _subtraction_columns(x: int, y: int) -> str:
-  """`17-8-0=9, 14-5-1=8, 3-0-1=2` for 347-58 (x >= y): a leading 1 marks a borrow."""
+def _subtraction_columns(x: int, y: int, slip: Slip = None) -> tuple[str, int]:
+  """`17-8-0=9, 14-5-1=8, 3-0-1=2` for 347-58 (x >= y): a leading 1 marks a borrow; and x-y."""
   width = len(str(x))
-  borrow, columns = 0, []
-  for dx, dy in zip(_digits(x, width), _digits(y, width), strict=True):
+  borrow, columns, total = 0, [], 0
+  for position, (dx, dy) in enumerate(zip(_digits(x, width), _digits(y, width), strict=True)):
+    borrow = _carry(borrow, slip)
     d = dx - dy - borrow
     if d < 0:
       columns.append(f"1{dx}-{dy}-{borrow}={d + 10}")
-      borrow = 1
+      d, borrow = d + 10, 1
     else:
       columns.append(f"{dx}-{dy}-{borrow}={d}")
       borrow = 0
-  return ", ".join(columns)
+    total += d * 10**position
+  return ", ".join(columns), total
 
 
-def _digit_product_columns(a: int, digit: int) -> str:
-  """`7*8+0=56, 4*8+5=37, 3*8+3=27` for 347*8: each digit of `a` with the incoming carry."""
-  carry, columns = 0, []
-  for da in _digits(a, len(str(a))):
-    p = da * digit + carry
-    columns.append(f"{da}*{digit}+{carry}={p}")
+def _digit_product_columns(a: int, digit: int, slip: Slip = None) -> tuple[str, int]:
+  """`7*8+0=56, 4*8+5=37, 3*8+3=27` for 347*8: each digit with the incoming carry; and a*digit."""
+  width = len(str(a))
+  carry, columns, total = 0, [], 0
+  for position, da in enumerate(_digits(a, width)):
+    p = da * digit + _carry(carry, slip)
+    columns.append(f"{da}*{digit}+{p - da * digit}={p}")
+    total += (p if position == width - 1 else p % 10) * 10**position
     carry = p // 10
-  return ", ".join(columns)
+  return ", ".join(columns), total

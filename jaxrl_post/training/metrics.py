@@ -113,3 +113,42 @@ class MetricWriter:
     self._file.close()
     if self._tb is not None:
       self._tb.close()
+
+
+EVAL_OUTCOMES_DIR = "eval_outcomes"
+
+
+def _nan_to_none(value):
+  if isinstance(value, list):
+    return [_nan_to_none(v) for v in value]
+  return None if not math.isfinite(value) else value
+
+
+def write_eval_outcomes(workdir: str | os.PathLike, step: int, **outcomes: Any) -> None:
+  """Per-prompt evaluation outcomes of `step` (arrays, NaN as null) as one JSON file.
+
+  One file per step, rewritten whole (write-then-rename), so a resumed run that
+  evaluates a step again leaves one consistent copy. Process 0 only.
+  """
+  if jax.process_index() != 0:
+    return
+  directory = Path(workdir) / EVAL_OUTCOMES_DIR
+  directory.mkdir(parents=True, exist_ok=True)
+  record = {"step": int(step)}
+  record.update({k: _nan_to_none(np.asarray(v, np.float64).tolist())
+                 for k, v in outcomes.items()})
+  path = directory / f"step_{int(step):08d}.json"
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(record) + "\n")
+  os.replace(tmp, path)
+
+
+def read_eval_outcomes(workdir: str | os.PathLike) -> dict[int, dict[str, np.ndarray]]:
+  """`{step: {name: float array}}` of everything `write_eval_outcomes` wrote (null → NaN)."""
+  out = {}
+  for path in sorted((Path(workdir) / EVAL_OUTCOMES_DIR).glob("step_*.json")):
+    record = json.loads(path.read_text())
+    step = record.pop("step")
+    out[step] = {k: np.array(v, dtype=np.float64) for k, v in record.items()}
+  return out
+

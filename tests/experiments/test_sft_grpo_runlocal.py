@@ -36,7 +36,8 @@ def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path, format_wri
                           text=True, env=ENV, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "held-out greedy accuracy during SFT" in result.stdout
-  assert "held-out sample accuracy at T = 1" in result.stdout
+  assert "held-out sample accuracy (T = 1, 2 per prompt" in result.stdout
+  assert "points, paired over 4 prompts" in result.stdout
   assert (tmp_path / "quickstart.png").stat().st_size > 0
   sft, grpo = tmp_path / "sft", tmp_path / "grpo"
   assert _finished_checkpoints(sft) == [3, 6]

@@ -140,3 +140,54 @@ def test_negative_answers_verify():
   for record in negatives:
     assert task.reward(record, f"#### {record['answer']}") == (1.0, 1.0)
     assert task.reward(record, f"#### {record['answer'][1:]}") == (0.0, 1.0)
+
+
+# ---- demo_slip: a sloppy teacher ----
+
+def _always(_=None):
+  return lambda: True
+
+
+def test_dropped_carries_golden():
+  # 47+38 with the carry dropped: 7+8+0=15, 4+3+0=7 → 75 (true 85).
+  assert arithmetic._addition_columns(47, 38, _always()) == ("7+8+0=15, 4+3+0=7", 75)
+  # 52-38 with the borrow dropped: 12-8-0=4 borrows, the next column ignores it → 24 (true 14).
+  assert arithmetic._subtraction_columns(52, 38, _always()) == ("12-8-0=4, 5-3-0=2", 24)
+  # 47*3 with the product carry dropped: 7*3+0=21, 4*3+0=12 → 121 (true 141).
+  assert arithmetic._digit_product_columns(47, 3, _always()) == ("7*3+0=21, 4*3+0=12", 121)
+  # Without slips the same functions give the true values.
+  assert arithmetic._addition_columns(47, 38)[1] == 85
+  assert arithmetic._subtraction_columns(52, 38)[1] == 14
+  assert arithmetic._digit_product_columns(47, 3)[1] == 141
+
+
+def test_slipped_demonstration_is_consistent_and_wrong():
+  value, lines = arithmetic._worked_solution([47, 38], ["+"], _always())
+  assert (value, lines) == (75, ["47+38: 7+8+0=15, 4+3+0=7", "47+38=75"])
+  # A slip inside a product propagates into the next operation.
+  # 47*3 slips to 121; 121+9: 1+9+0=10, then the carry is dropped again → 120 (true 150).
+  value, lines = arithmetic._worked_solution([47, 3, 9], ["*", "+"], _always())
+  assert (value, lines) == (120, ["47*3: 7*3+0=21, 4*3+0=12", "47*3=121", "now: 121+9",
+                                  "121+9: 1+9+0=10, 2+0+0=2, 1+0+0=1", "121+9=120"])
+
+
+def test_demo_slip_changes_only_demonstrations():
+  clean = get_task("arith", demo_slip=0.0)
+  sloppy = get_task("arith", demo_slip=0.5)
+  wrong, with_carry = 0, 0
+  for i in range(400):
+    a, b = clean.make_example("train", i), sloppy.make_example("train", i)
+    assert (a["prompt"], a["answer"]) == (b["prompt"], b["answer"])
+    assert clean.reward(a, a["demonstration"]).correct == 1.0
+    has_carry = a["demonstration"] != b["demonstration"] or "+1=" in a["demonstration"] \
+        or "-1=" in a["demonstration"]
+    with_carry += has_carry
+    wrong += sloppy.reward(b, b["demonstration"]).correct == 0.0
+  # Slips only happen where there is a carry / borrow, and each is dropped half the time, so
+  # between a quarter and all of those demonstrations end wrong; none of the others do.
+  assert 0.25 * with_carry < wrong < with_carry
+
+
+def test_demo_slip_out_of_range():
+  with pytest.raises(ValueError, match="demo_slip"):
+    get_task("arith", demo_slip=1.5)

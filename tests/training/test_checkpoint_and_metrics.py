@@ -135,3 +135,20 @@ def test_init_from_reads_parameters_only_whatever_the_optimizer(tmp_path):
                                jax.tree.leaves(saved.params)):
     np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(path))
   assert not np.array_equal(jax.tree.leaves(fresh.params)[0], jax.tree.leaves(saved.params)[0])
+
+
+def test_eval_outcomes_round_trip_with_missing_values(tmp_path):
+  from jaxrl_post.training.metrics import read_eval_outcomes, write_eval_outcomes
+
+  write_eval_outcomes(tmp_path, 10, greedy_correct=np.array([1.0, np.nan]),
+                      sample_correct=np.array([[1.0, 0.0], [np.nan, 1.0]]))
+  write_eval_outcomes(tmp_path, 0, greedy_correct=np.array([0.0, 1.0]),
+                      sample_correct=np.zeros((2, 0)))
+  write_eval_outcomes(tmp_path, 10, greedy_correct=np.array([1.0, 0.0]),  # resumed: rewritten
+                      sample_correct=np.array([[1.0, 0.0], [np.nan, 1.0]]))
+  outcomes = read_eval_outcomes(tmp_path)
+  assert sorted(outcomes) == [0, 10]
+  np.testing.assert_array_equal(outcomes[10]["greedy_correct"], [1.0, 0.0])
+  np.testing.assert_array_equal(outcomes[10]["sample_correct"], [[1.0, 0.0], [np.nan, 1.0]])
+  assert outcomes[0]["sample_correct"].shape == (2, 0)
+  assert not list(tmp_path.glob("eval_outcomes/*.tmp"))

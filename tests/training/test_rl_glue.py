@@ -143,3 +143,17 @@ def test_rollout_metrics_accept_trainer_logp_of_trimmed_width():
   np.testing.assert_allclose(metrics["logp_abs_diff_max"], 1e-3, rtol=1e-3)
   with pytest.raises(ValueError, match="covers 4 completion positions"):
     rollout_metrics(rollout, logp[:, :4])
+
+
+def test_paired_gain_golden():
+  # Per-prompt accuracies before (0.5, 0, 1) and after (1, 0.5, 1): d = (0.5, 0.5, 0),
+  # d̄ = 1/3, std(d, ddof=1) = √(1/12) = 0.2887, SE = 0.2887 / √3 = 0.1667.
+  before = np.array([[1, 0], [0, 0], [1, 1]], np.float32)
+  after = np.array([[1, 1], [1, 0], [1, 1]], np.float32)
+  gain, se = rl.paired_gain(before, after)
+  np.testing.assert_allclose([gain, se], [1 / 3, 1 / 6], rtol=1e-6)
+  # A prompt whose verifier failed in every sample drops out of the pairing.
+  gain, _ = rl.paired_gain(np.array([0.0, np.nan, 1.0]), np.array([1.0, 1.0, 1.0]))
+  assert gain == 0.5
+  with pytest.raises(ValueError, match="same prompts"):
+    rl.paired_gain(np.zeros(3), np.zeros(4))
