@@ -32,7 +32,7 @@ operation is on non-negative numbers. Only ASCII `+ - *` appear, so all text fit
 product carry is dropped (written as 0) with that probability, and the rest of the worked
 solution, its final answer included, follows from the slip. Prompts, answers and the verifier are
 unchanged, so a model imitating the teacher inherits its slips and only the reward can remove
-them (the default experiment, docs/results.md).
+them: a test bed for "RL exceeds its demonstrations" (SFT numbers in docs/results.md).
 
 Reward: `correct` is 1 when the final line `#### <integer>` equals the value; `format` is 1 when
 the completion ends with exactly one such line (see `base.final_answer`).
