@@ -1,13 +1,15 @@
 r"""The first run: SFT a `small` model on arithmetic, then GRPO it, then plot (README command 1).
 
-  python experiments/quickstart.py                  # 8.4 minutes on 2 idle CPU cores
-  python experiments/quickstart.py --workdir=/tmp/qs --sft_steps=400 --grpo_steps=30
+  python experiments/quickstart.py                  # 9.6 minutes on 2 idle CPU cores
+  python experiments/quickstart.py --workdir=/tmp/qs --sft_steps=400 --grpo_steps=60
 
 Runs `experiments/sft.py` then `experiments/grpo.py` (each with its own
 progress bar) with the configs in configs/, so every step here is also a
 command you can run, resume or change by hand; the exact commands are printed.
 Rerunning after an interruption resumes whichever stage was running. Ends by
-printing the held-out greedy accuracy before and after RL and the plot's path.
+printing held-out sampled and greedy accuracy before and after RL, with their
+paired gains ± standard error over the same prompts, and the plot's path
+(measured: sampled accuracy +10.9 ± 2.1 points, docs/results.md).
 """
 
 import subprocess
@@ -21,10 +23,10 @@ from jaxrl_post.training import rl
 from jaxrl_post.training.metrics import read_eval_outcomes, read_metrics
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/jaxrl_post_quickstart", "Where both runs go.")
-# 250 SFT steps stop at ≈ 0.63 held-out greedy accuracy, leaving RL room to act (400 steps reach
+# 250 SFT steps stop at ≈ 0.65 held-out greedy accuracy, leaving RL room to act (400 steps reach
 # ≈ 0.9-0.95); 32 prompts × 8 samples per GRPO step halve the gradient noise of the config's 16.
 _SFT_STEPS = flags.DEFINE_integer("sft_steps", 250, "SFT steps (batch 32).")
-_GRPO_STEPS = flags.DEFINE_integer("grpo_steps", 20, "GRPO steps.")
+_GRPO_STEPS = flags.DEFINE_integer("grpo_steps", 40, "GRPO steps.")
 _GRPO_PROMPTS = flags.DEFINE_integer("grpo_prompts_per_step", 32, "Prompts per GRPO step.")
 _RUNLOCAL = flags.DEFINE_bool("runlocal", False, "Tiny model, a few steps (for tests).")
 
@@ -52,9 +54,13 @@ def main(argv):
   sft_minutes = (time.time() - tic) / 60
 
   # ---- Stage 2: GRPO from the SFT checkpoint ----
+  # 4 PPO mini-batches per step (4 updates per rollout batch) at a constant AdamW 5e-5: the
+  # fastest of the settings compared in docs/results.md that did not hurt the policy.
   grpo_steps = [] if _RUNLOCAL.value else [
     f"--config.steps={_GRPO_STEPS.value}", f"--config.eval_every={_GRPO_STEPS.value // 2}",
-    f"--config.prompts_per_step={_GRPO_PROMPTS.value}", "--config.num_micro_batches=4"]
+    f"--config.prompts_per_step={_GRPO_PROMPTS.value}", "--config.ppo_mini_batches=4",
+    "--config.num_micro_batches=1", "--config.optimizer.decay_steps=1000000000",
+    "--config.eval_pass_k=8"]
   _run(["experiments/grpo.py", f"--config=configs/grpo_arith.py{variant}",
         f"--workdir={grpo_dir}", f"--config.init_from={sft_dir}", *grpo_steps])
 
