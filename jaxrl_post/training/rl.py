@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -235,8 +236,10 @@ def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
   d̄ = mean_p(a_p − b_p) with standard error std(d, ddof=1) / √P. Pairing
   removes the prompt-difficulty variance that dominates an unpaired comparison.
   """
-  b = np.nanmean(np.asarray(before, np.float64).reshape(len(before), -1), axis=1)
-  a = np.nanmean(np.asarray(after, np.float64).reshape(len(after), -1), axis=1)
+  with warnings.catch_warnings():  # a prompt whose every verifier call failed: NaN, dropped below
+    warnings.simplefilter("ignore", RuntimeWarning)
+    b = np.nanmean(np.asarray(before, np.float64).reshape(len(before), -1), axis=1)
+    a = np.nanmean(np.asarray(after, np.float64).reshape(len(after), -1), axis=1)
   if b.shape != a.shape:
     raise ValueError(f"paired_gain needs the same prompts: {b.shape} vs {a.shape}")
   d = (a - b)[np.isfinite(a - b)]
