@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from jaxrl_post.models.transformer import CausalLM
-from jaxrl_post.parallel import axes
-from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules, logical_to_spec
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
+from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.sampling import kernels
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
 
@@ -135,12 +135,7 @@ class Sampler:
   def _put_batch(self, *arrays):
     if self.mesh is None:
       return tuple(jnp.asarray(a) for a in arrays)
-    out = []
-    for a in arrays:
-      spec = logical_to_spec((axes.BATCH,) + (None,) * (a.ndim - 1), self.rules, self.mesh,
-                             shape=a.shape)
-      out.append(jax.device_put(a, NamedSharding(self.mesh, spec)))
-    return tuple(out)
+    return tuple(put_batch(list(arrays), self.mesh, self.rules))
 
   def generate(self, state, prompts, *, n_samples_per_prompt: int = 1, max_new_tokens: int = 64,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
