@@ -279,9 +279,13 @@ class CausalLM(nnx.Module):
     return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers)),
                    mask=jnp.zeros((batch, max_len), jnp.bool_), index=jnp.zeros((), jnp.int32))
 
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    """`int32[batch, time]` -> `[batch, time, embed]` input embeddings (model dtype)."""
+    return jnp.take(self.embed[...], tokens, axis=0).astype(self.config.dtype)
+
   def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-               return_hidden: bool = False):
+               return_hidden: bool = False, embeddings: jax.Array | None = None):
     """Runs the LM.
 
     Args:
@@ -292,6 +296,11 @@ class CausalLM(nnx.Module):
       cache: if given, the new keys/values are written at `cache.index` and the
         queries attend to everything the cache holds.
       return_hidden: also return the final normalised hidden states.
+      embeddings: optional `[batch, time, embed]` inputs used instead of the
+        token-embedding lookup (`tokens` then only gives the shape). This is how
+        multimodal models feed encoder outputs (image patches, point-cloud
+        views) into the decoder: they build the row as
+        `concat([encoder(x), lm.embed_tokens(text)])`.
 
     Returns:
       `float32[batch, time, vocab]` logits; with a cache, `(logits, new_cache)`;
@@ -308,7 +317,13 @@ class CausalLM(nnx.Module):
         raise ValueError("positions are required when decoding with a cache")
       positions = default_positions(attention_mask)
 
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(c.dtype)
+    if embeddings is None:
+      x = self.embed_tokens(tokens)
+    elif embeddings.shape != (b, t, c.embed_dim):
+      raise ValueError(f"embeddings have shape {embeddings.shape}; expected {(b, t, c.embed_dim)} "
+                       "(batch, time of `tokens`, model embed_dim)")
+    else:
+      x = embeddings.astype(c.dtype)
     x = constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED))
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(_inverse_frequencies(c))
     sin, cos = jnp.sin(angles), jnp.cos(angles)

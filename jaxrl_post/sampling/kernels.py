@@ -89,7 +89,8 @@ class PrefillOutput(NamedTuple):
   cache: KVCache
 
 
-def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int) -> PrefillOutput:
+def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
+            embeddings: jax.Array | None = None) -> PrefillOutput:
   """Runs the prompts once and replicates the cache for `num_samples` per prompt.
 
   Args:
@@ -97,11 +98,14 @@ def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int) 
     tokens: `int32[batch, prompt_len]` left-padded prompts; `mask` their mask.
     cache_len: cache slots, at least prompt_len + max_new_tokens.
     num_samples: n; rows of prompt p become rows p·n ... p·n + n − 1.
+    embeddings: optional `[batch, prompt_len, embed]` prompt inputs used instead
+      of the token lookup (multimodal prompts: encoder outputs then text).
   """
   model = nnx.merge(graphdef, state)
   cache = model.init_cache(tokens.shape[0], cache_len)
   positions = default_positions(mask)
-  logits, cache = model(tokens, positions=positions, attention_mask=mask, cache=cache)
+  logits, cache = model(tokens, positions=positions, attention_mask=mask, cache=cache,
+                        embeddings=embeddings)
   next_positions = positions[:, -1] + 1
   last = logits[:, -1]
   if num_samples > 1:
@@ -233,8 +237,8 @@ def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mas
 
 
 def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-                temperature=1.0, top_k: int = 0,
-                candidate_ids: jax.Array | None = None) -> ScoreOutput:
+                temperature=1.0, top_k: int = 0, candidate_ids: jax.Array | None = None,
+                prompt_embeddings: jax.Array | None = None) -> ScoreOutput:
   """Teacher-forced log-probs of given completions: one forward over prompt + completion.
 
   The trainer (current and old policy), the reference model and teachers all
@@ -247,11 +251,18 @@ def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion
     temperature: divides the logits (use the sampling temperature).
     top_k: also return the K most likely ids and log-probs per position.
     candidate_ids: optional `[batch, time, C]` ids whose log-probs to return.
+    prompt_embeddings: optional `[batch, prompt_len, embed]` prompt inputs
+      (multimodal prompts), as in `prefill`; gradients flow into them, so an
+      encoder that produced them is trained through this function.
   """
   prompt_len = prompt_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.bool_)
-  logits = model(tokens, attention_mask=mask)
+  embeddings = None
+  if prompt_embeddings is not None:
+    text = model.embed_tokens(completion_tokens)
+    embeddings = jnp.concatenate([prompt_embeddings.astype(text.dtype), text], axis=1)
+  logits = model(tokens, attention_mask=mask, embeddings=embeddings)
   # Position prompt_len - 1 + t predicts completion token t.
   logits = logits[:, prompt_len - 1:-1]
   return score_logits(logits, completion_tokens, completion_mask, temperature=temperature,

@@ -214,3 +214,32 @@ def test_model_config_is_hashable_and_frozen():
   with pytest.raises(Exception):
     config.num_layers = 3  # type: ignore[misc]
   assert isinstance(config, ModelConfig)
+
+
+def test_input_embeddings_replace_the_token_lookup():
+  # A multimodal row is `concat([encoder(x), embed_tokens(text)])`; feeding the
+  # token embeddings themselves must reproduce the token path exactly, and a
+  # perturbed prefix must change only the logits at and after it.
+  model = _model("qwen3")
+  tokens, mask = _left_padded_batch(np.random.RandomState(3))
+  by_tokens = _forward(model, tokens, mask)
+  embeds = model.embed_tokens(tokens)
+  by_embeds = nnx.jit(lambda m, t, e, k: m(t, attention_mask=k, embeddings=e))(
+      model, tokens, embeds, mask)
+  np.testing.assert_array_equal(np.asarray(by_tokens), np.asarray(by_embeds))
+
+  shifted = embeds.at[:, -3].add(1.0)
+  changed = model(tokens, attention_mask=mask, embeddings=shifted)
+  # Only real tokens: padding rows have no key to attend to, so their (unused)
+  # logits depend on everything.
+  before = np.asarray(mask[:, :-3])
+  np.testing.assert_allclose(np.asarray(changed[:, :-3])[before],
+                             np.asarray(by_tokens[:, :-3])[before], atol=1e-5)
+  assert not np.allclose(np.asarray(changed[:, -3:]), np.asarray(by_tokens[:, -3:]))
+
+
+def test_input_embeddings_with_the_wrong_shape_are_named():
+  model = _model("llama")
+  tokens = jnp.zeros((2, 4), jnp.int32)
+  with pytest.raises(ValueError, match="embeddings have shape"):
+    model(tokens, embeddings=jnp.zeros((2, 5, model.config.embed_dim)))

@@ -264,3 +264,33 @@ def test_sharded_parameters_and_batch_give_the_same_rollout(model):
   np.testing.assert_array_equal(np.asarray(rollout.completion_tokens),
                                 np.asarray(reference.completion_tokens))
   np.testing.assert_allclose(np.asarray(rollout.logp), np.asarray(reference.logp), atol=1e-5)
+
+
+def test_prompt_embeddings_decode_and_score_agree(model):
+  # Multimodal prompts (encoder outputs instead of token embeddings) go through
+  # the same kernels: sampled log-probs equal teacher-forced scores, and
+  # embeddings equal to the token lookup give the token-prompt rollout.
+  graphdef, state = nnx.split(model)
+  tokens = jnp.asarray([[0, 3, 4, 5], [7, 8, 9, 10]], jnp.int32)
+  mask = jnp.asarray([[False, True, True, True], [True, True, True, True]])
+  embeds = model.embed_tokens(tokens) + 0.3 * jax.random.normal(
+      jax.random.key(1), (2, 4, model.config.embed_dim))
+  kwargs = dict(max_new_tokens=6, eos_ids=jnp.zeros((0,), jnp.int32),
+                stop_ids=jnp.zeros((0,), jnp.int32), pad_id=0, temperature=1.0, top_p=1.0,
+                top_k=0, greedy=False, num_logprobs=0)
+
+  def rollout(embeddings):
+    start = kernels.prefill(graphdef, state, tokens, mask, cache_len=10, num_samples=2,
+                            embeddings=embeddings)
+    return kernels.decode(graphdef, state, start, jax.random.key(0), **kwargs)
+
+  out = rollout(embeds)
+  prompt_rows = lambda x: jnp.repeat(x, 2, axis=0)  # noqa: E731
+  scored = kernels.score_model(model, prompt_rows(tokens), prompt_rows(mask), out.tokens,
+                               out.mask, prompt_embeddings=prompt_rows(embeds))
+  m = np.asarray(out.mask)
+  np.testing.assert_allclose(np.asarray(out.logp)[m], np.asarray(scored.logp)[m], atol=1e-5)
+  by_lookup = rollout(model.embed_tokens(tokens))
+  by_tokens = rollout(None)
+  np.testing.assert_array_equal(np.asarray(by_lookup.tokens), np.asarray(by_tokens.tokens))
+  assert not np.array_equal(np.asarray(out.logp), np.asarray(by_tokens.logp))
