@@ -15,9 +15,9 @@ from jaxrl_post.training import base_configs
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, runlocal=False, sft=False, model="small", loss="grpo")
+  arg = parse_arg(arg, runlocal=False, sft=False, model="small", loss="grpo", numbers=3)
   # prompts are ≤ 90 characters
-  return base_configs.task_config(arg, task="countdown", task_knobs=dict(num_numbers=3),
+  return base_configs.task_config(arg, task="countdown", task_knobs=dict(num_numbers=arg.numbers),
                                   prompt_len=96, completion_len=48)
 
 

@@ -23,7 +23,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxrl_post import advantages as advantages_lib
-from jaxrl_post.parallel.mesh import make_placement, put_batch
+from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel.mesh import make_placement, maybe_initialize_distributed, put_batch
 from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.sampling import Sampler, rollout_metrics
 from jaxrl_post.tasks import data as task_data
@@ -43,7 +44,10 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
 
-  # ---- Devices: the trainer's and the sampler's meshes and rules (config.mesh) ----
+  # ---- Processes and devices: jax.distributed, then the trainer's and the sampler's meshes ----
+  # With a launcher's environment (scripts/launch_*.sh) this process joins the
+  # others; every process then runs this same program over one global mesh.
+  maybe_initialize_distributed()
   # First, so that a mesh that does not fit the devices fails before anything is
   # built; the errors name the `config.mesh.*` keys.
   placement = make_placement(config.mesh)
@@ -53,7 +57,7 @@ def main(argv):
                "colocated" if placement.colocated else "disaggregated")
 
   # ---- Task, tokenizer, model, loss (validated before anything compiles) ----
-  task, tokenizer, start, model = run_setup.build_run(config, workdir)
+  task, tokenizer, start, model = run_setup.build_run(config, workdir, train_mesh, train_rules)
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
   # Dr.GRPO's fixed denominator is the generation budget, not the (trimmed) width.
   loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
@@ -73,8 +77,11 @@ def main(argv):
   logging.info("start: %s; model %.2fM parameters", start.kind, model.config.num_params() / 1e6)
 
   # ---- Data ----
+  # Each process reads its own logical shards of the prompts; the step's global
+  # batch is their concatenation (tasks.data.ShardedLoader).
   source = task_data.TaskSource(task, "train", config.num_train_examples)
-  loader = task_data.make_loader(source, batch_size=config.prompts_per_step, seed=config.seed)
+  loader = task_data.ShardedLoader(source, global_batch_size=config.prompts_per_step,
+                                   num_shards=config.data_shards, seed=config.seed)
   eval_records = [task.make_example("test", i) for i in range(config.eval_examples)]
 
   # ---- Train state, reference model, update step, restore ----
@@ -144,11 +151,14 @@ def main(argv):
   # ---- Train loop ----
   bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
                   total=config.steps, desc="grpo", dynamic_ncols=True)
-  with PreemptionGuard() as guard:
+  with PreemptionGuard() as guard, multihost.peer_failures_are_fatal("GRPO training"):
     for step in bar:
       timings = {}
       records = next(data_iter)
       records = [{k: records[k][i] for k in records} for i in range(len(records["prompt"]))]
+      # This process's records, then everyone's: every process holds the global
+      # batch (the same list in one process, after a JSON round trip).
+      records = multihost.allgather_records(records)
       params, timings["time/reshard"] = sampler_params()
       tic = time.perf_counter()
       rollout = sampler.generate(params, [r["prompt"] for r in records],
@@ -167,20 +177,20 @@ def main(argv):
       adv = advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
                          eps=config.advantage_eps, reward_weights=reward_weights)
       tic = time.perf_counter()
-      # To the host (the rollout may sit on the sampler's devices), then onto
-      # the trainer's mesh, rows split over its batch axes.
-      batch = rl.trim_completions(jax.device_get(dict(
+      # To the host (the rollout may sit on the sampler's devices, or on other
+      # processes), then onto the trainer's mesh, rows split over its batch axes.
+      batch = rl.trim_completions(multihost.to_host(dict(
         prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
         completion_tokens=rollout.completion_tokens, completion_mask=rollout.completion_mask,
         adv=adv)), config.trim_completions_to)
       inputs = put_batch(batch_inputs(batch), train_mesh, train_rules)
       old = scorer.score(state.params, **inputs, temperature=config.temperature)
-      batch["old_logp"] = old.logp.block_until_ready()
+      batch["old_logp"] = multihost.to_host(old.logp)
       timings["time/score"] = time.perf_counter() - tic
       if config.loss.beta > 0:
         tic = time.perf_counter()
-        batch["ref_logp"] = scorer.score(reference_params, **inputs,
-                                         temperature=config.temperature).logp.block_until_ready()
+        batch["ref_logp"] = multihost.to_host(scorer.score(
+          reference_params, **inputs, temperature=config.temperature).logp)
         timings["time/reference"] = time.perf_counter() - tic
       tic = time.perf_counter()
       # PPO: `ppo_epochs` passes over the rollouts, each in `ppo_mini_batches`
@@ -197,7 +207,7 @@ def main(argv):
       if metrics["nonfinite_streak"] >= config.max_nonfinite_streak:
         raise RuntimeError(f"{int(metrics['nonfinite_streak'])} updates in a row had a "
                            f"non-finite loss or gradient (step {step}); stopping")
-      tokens = int(np.asarray(rollout.completion_mask).sum())
+      tokens = int(batch["completion_mask"].sum())
       record = {f"train/{k}": v for k, v in metrics.items()}
       record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old.logp).items()})
       record.update({"train/reward_correct": float(np.nanmean(correct)),

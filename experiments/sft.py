@@ -15,7 +15,8 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
-from jaxrl_post.parallel.mesh import make_placement, put_batch
+from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel.mesh import make_placement, maybe_initialize_distributed, put_batch
 from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.tasks import data as task_data
@@ -35,21 +36,23 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
 
-  # ---- Devices: the trainer's mesh, and the evaluation sampler's (config.mesh) ----
+  # ---- Processes and devices: the trainer's mesh, and the evaluation sampler's ----
   # As in experiments/grpo.py, so one config's mesh block means the same in both.
+  maybe_initialize_distributed()
   placement = make_placement(config.mesh)
   train_mesh, train_rules = placement.train_mesh, placement.train_rules
   logging.info("trainer mesh %s, sampler mesh %s", dict(train_mesh.shape),
                dict(placement.sample_mesh.shape))
 
   # ---- Task, tokenizer, model (all validated before anything compiles) ----
-  task, tokenizer, start, model = run_setup.build_run(config, workdir)
+  task, tokenizer, start, model = run_setup.build_run(config, workdir, train_mesh, train_rules)
   logging.info("start: %s; model %s (%.2fM parameters)", start.kind, config.model,
                model.config.num_params() / 1e6)
 
   # ---- Data ----
   source = task_data.TaskSource(task, "train", config.num_train_examples)
-  loader = task_data.make_loader(source, batch_size=config.batch_size, seed=config.seed)
+  loader = task_data.ShardedLoader(source, global_batch_size=config.batch_size,
+                                   num_shards=config.data_shards, seed=config.seed)
   eval_records = [task.make_example("test", i) for i in range(config.eval_examples)]
 
   # ---- Train state, update step, restore ----
@@ -85,10 +88,15 @@ def main(argv):
   # ---- Train loop ----
   bar = tqdm.tqdm(range(first_step + 1, config.steps + 1), initial=first_step,
                   total=config.steps, desc="sft", dynamic_ncols=True)
-  with PreemptionGuard() as guard:
+  with PreemptionGuard() as guard, multihost.peer_failures_are_fatal("SFT"):
     for step in bar:
       records = next(data_iter)
-      batch = rl.encode_pairs(tokenizer, records["prompt"], records["demonstration"],
+      # This process's shard, then the global batch on every process (as in grpo.py).
+      records = multihost.allgather_records(
+        [{k: records[k][i] for k in ("prompt", "demonstration")}
+         for i in range(len(records["prompt"]))])
+      batch = rl.encode_pairs(tokenizer, [r["prompt"] for r in records],
+                              [r["demonstration"] for r in records],
                               prompt_len=config.prompt_len, completion_len=config.completion_len)
       batch = put_batch(rl.with_normalizers(batch), train_mesh, train_rules)
       state, metrics = step_fn(state, batch)

@@ -37,7 +37,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_post.parallel import axes
+from jaxrl_post.parallel import axes, multihost
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, state_shardings
 from jaxrl_post.registry import Registry
 
@@ -407,14 +407,18 @@ def put_batch(batch: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
   """Places a pytree of host or device arrays on `mesh`: rows over the batch axes.
 
   Scalars (global normalisers such as `num_tokens`) are replicated. Arrays
-  may come from other devices (a disaggregated sampler's rollout). One
-  process only: across hosts, each process holds only its rows, and the
-  global batch is `jax.make_array_from_process_local_data(batch_sharding(...))`.
+  may come from other devices (a disaggregated sampler's rollout). With
+  several processes, host arrays must be the same global value on every
+  process (`parallel.multihost`): each process places only its devices' rows.
   """
+  multiprocess = jax.process_count() > 1
+
   def put(x):
     shape = np.shape(x)
     sharding = (batch_sharding(mesh, rules, shape=shape) if shape
                 else NamedSharding(mesh, PartitionSpec()))
+    if multiprocess and not isinstance(x, jax.Array):
+      return multihost.put_global(x, sharding)
     return jax.device_put(x, sharding)
 
   return jax.tree.map(put, batch)
@@ -499,9 +503,14 @@ def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> bo
 
   Call it first in `main()`, before anything touches a device: the same
   binary then runs as one process on a laptop and as one of many on a pod.
+  CPU collectives across processes go over gloo (the CPU client has none
+  otherwise); `JAXRL_POST_HEARTBEAT_TIMEOUT_S` bounds how long the others
+  wait for a process that stopped answering.
   """
   kwargs = distributed_kwargs(environ)
   if kwargs is None:
     return False
-  jax.distributed.initialize(**kwargs)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**kwargs,
+                             heartbeat_timeout_seconds=multihost.heartbeat_timeout_s(environ))
   return True

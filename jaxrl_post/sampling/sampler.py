@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from jaxrl_post.models.transformer import CausalLM
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
 from jaxrl_post.parallel.mesh import put_batch
+from jaxrl_post.parallel.multihost import to_host
 from jaxrl_post.sampling import kernels
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
 
@@ -210,7 +211,7 @@ class Sampler:
 
   def decode_text(self, rollout: Rollout) -> list[str]:
     """Completion texts (needs a tokenizer); masked positions are dropped."""
-    tokens, mask = np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask)
+    tokens, mask = to_host((rollout.completion_tokens, rollout.completion_mask))
     ends = set(self.eos_ids)
     return [self.tokenizer.decode([int(t) for t, m in zip(row, keep) if m and t not in ends])
             for row, keep in zip(tokens, mask)]
@@ -263,9 +264,10 @@ def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> 
       δ = trainer − sampler (the k3 estimator of KL(sampler ‖ trainer)); all 0
       when the two agree, which is the sampler/trainer consistency check.
   """
-  mask = np.asarray(rollout.completion_mask)
+  # `to_host`: with several processes, the rollout's rows live on all of them.
+  mask, finish, sampler_logp, trainer_logp = to_host(
+    (rollout.completion_mask, rollout.finish_reason, rollout.logp, trainer_logp))
   lengths = mask.sum(-1)
-  finish = np.asarray(rollout.finish_reason)
   metrics = {"completion_length_mean": float(lengths.mean()),
              "completion_length_max": float(lengths.max())}
   for code, name in enumerate(FINISH_NAMES):
@@ -275,7 +277,7 @@ def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> 
     if mask[:, width:].any():
       raise ValueError(f"trainer_logp covers {width} completion positions but the rollout has "
                        f"tokens up to {int(lengths.max())}")
-    sampler_logp = np.asarray(rollout.logp, np.float64)[:, :width]
+    sampler_logp = np.asarray(sampler_logp, np.float64)[:, :width]
     delta = (np.asarray(trainer_logp, np.float64) - sampler_logp)[mask[:, :width]]
     if delta.size:
       metrics["logp_abs_diff_mean"] = float(np.abs(delta).mean())

@@ -239,3 +239,63 @@ def _split_sizes(task: base.Task, num_examples: Mapping[str, int] | None) -> dic
       raise ValueError(f"num_examples[{split!r}] = {n} must be >= 1 and fit the split{bound}")
     sizes[split] = int(n)
   return sizes
+
+
+class ShardedLoader:
+  """A global batch made of `num_shards` logical data shards; this process reads its own.
+
+  The data order of a run depends on `num_shards`, not on how many processes
+  read it: logical shard s (`make_loader(..., shard_index=s, shard_count=num_shards)`)
+  yields `global_batch_size / num_shards` records per step, and the global
+  batch is shard 0's records, then shard 1's, and so on. Process p reads the
+  shards p·k ... p·k + k − 1 (k = num_shards / process_count), so
+  concatenating the processes' batches in process order
+  (`parallel.multihost.allgather_records`) gives the same global batch as one
+  process reading every shard. That is what makes a 2-process run comparable
+  with a 1-process run step for step.
+
+  `iter()` gives an iterator with `get_state` / `set_state`; all shards
+  advance together, so one shard's position is the state of all of them.
+  """
+
+  def __init__(self, source: Sequence[Mapping[str, Any]], *, global_batch_size: int,
+               num_shards: int = 0, seed: int = 0, process_index: int | None = None,
+               process_count: int | None = None):
+    if process_index is None or process_count is None:
+      import jax  # Deferred, as in make_loader.
+
+      process_index = jax.process_index() if process_index is None else process_index
+      process_count = jax.process_count() if process_count is None else process_count
+    num_shards = num_shards or process_count
+    if num_shards % process_count:
+      raise ValueError(f"config.data_shards={num_shards} must be a multiple of the "
+                       f"{process_count} processes")
+    if global_batch_size % num_shards:
+      raise ValueError(f"the global batch of {global_batch_size} records does not split into "
+                       f"config.data_shards={num_shards} equal shards")
+    per_process = num_shards // process_count
+    self.num_shards = num_shards
+    self.shards = tuple(range(process_index * per_process, (process_index + 1) * per_process))
+    self._loaders = [
+      make_loader(source, batch_size=global_batch_size // num_shards, seed=seed,
+                  shard_index=s, shard_count=num_shards) for s in self.shards]
+
+  def __iter__(self) -> _ShardedIterator:
+    return _ShardedIterator([iter(loader) for loader in self._loaders])
+
+
+class _ShardedIterator:
+
+  def __init__(self, iterators):
+    self._iterators = iterators
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batches = [next(it) for it in self._iterators]
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+  def get_state(self) -> dict[str, Any]:
+    return self._iterators[0].get_state()
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    for iterator in self._iterators:
+      iterator.set_state(dict(state))

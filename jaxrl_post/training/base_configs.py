@@ -42,6 +42,10 @@ def _common(seed: int = 0) -> ml_collections.ConfigDict:
   # Devices and sharding rules, one override each (`--config.mesh.ici_tensor=2`,
   # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
   config.mesh = mesh_config()
+  # Logical data shards (tasks.data.ShardedLoader); 0 = one per process. The
+  # data order depends on this number only, so fix it (e.g. to the largest
+  # process count you will use) to compare or resume runs across process counts.
+  config.data_shards = 0
   return config
 
 

@@ -14,10 +14,13 @@ from typing import Any
 import jax
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxrl_post import tokenizers
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.models.hf import load_hf
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
+from jaxrl_post.parallel.mesh import init_sharded
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, resolve_start
 from jaxrl_post.training.train_state import TrainState
@@ -39,8 +42,14 @@ def build_tokenizer(config):
     raise ValueError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
 
 
-def build_model(config, tokenizer, start: StartPoint) -> CausalLM:
-  """The policy: a preset with the tokenizer's vocabulary, or HF weights for `init_from`."""
+def build_model(config, tokenizer, start: StartPoint, mesh: Mesh | None = None,
+                rules: Rules = DEFAULT_RULES) -> CausalLM:
+  """The policy: a preset with the tokenizer's vocabulary, or HF weights for `init_from`.
+
+  With a `mesh`, a preset's parameters are born sharded (`parallel.mesh.init_sharded`):
+  no device ever holds the whole model, which is what lets a model larger than
+  one chip (or one host, with several processes) start at all.
+  """
   if start.kind == "init_from_hf":
     model = load_hf(start.path)
   else:
@@ -50,7 +59,8 @@ def build_model(config, tokenizer, start: StartPoint) -> CausalLM:
       model_config = get_model_config(config.model, **overrides)
     except KeyError as e:
       raise ValueError(f"config.model: {e}") from None
-    model = CausalLM(model_config, rngs=nnx.Rngs(config.seed))
+    make = lambda: CausalLM(model_config, rngs=nnx.Rngs(config.seed))  # noqa: E731
+    model = make() if mesh is None else init_sharded(make, mesh, rules)
   if tokenizer.vocab_size > model.config.vocab_size:
     raise ValueError(
       f"tokenizer {config.tokenizer!r} has {tokenizer.vocab_size} tokens but the model's "
@@ -119,9 +129,10 @@ def host_metrics(metrics) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def build_run(config, workdir: str):
-  """`(task, tokenizer, start point, model)` of a run, all validated before compiling."""
+def build_run(config, workdir: str, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
+  """`(task, tokenizer, start point, model)` of a run, all validated before compiling;
+  the model's parameters are born sharded on `mesh` when one is given."""
   task = build_task(config)
   tokenizer = build_tokenizer(config)
   start = start_point(config, workdir)
-  return task, tokenizer, start, build_model(config, tokenizer, start)
+  return task, tokenizer, start, build_model(config, tokenizer, start, mesh, rules)

@@ -228,3 +228,44 @@ def test_a_jsonl_file_takes_the_same_path(data_dir, tmp_path):
 def test_loader_argument_errors(builder, kwargs, match):
   with pytest.raises(ValueError, match=match):
     _loader(builder.as_data_source("test"), **kwargs)
+
+
+def _indices(batch):
+  return [int(i) for i in batch["index"]]
+
+
+def test_sharded_loader_global_batch_does_not_depend_on_the_process_count():
+  # 4 logical shards: one process reading all four gives the same global
+  # batches, in the same order, as two processes reading two each and
+  # concatenating in process order (what allgather_records does).
+  source = [{"index": i, "prompt": str(i)} for i in range(64)]
+  one = iter(task_data.ShardedLoader(source, global_batch_size=8, num_shards=4, seed=3,
+                                     process_index=0, process_count=1))
+  two = [iter(task_data.ShardedLoader(source, global_batch_size=8, num_shards=4, seed=3,
+                                      process_index=p, process_count=2)) for p in range(2)]
+  seen = []
+  for _ in range(5):
+    whole = _indices(next(one))
+    assert whole == sum((_indices(next(it)) for it in two), [])
+    seen += whole
+  assert len(set(seen[:64])) == len(seen[:64])  # no record twice within an epoch
+  # Shard s holds records s, s + 4, ...: 2 rows per shard per step.
+  assert sorted(i % 4 for i in whole) == [0, 0, 1, 1, 2, 2, 3, 3]
+  # One shard's position is the state of all of them; a restore continues exactly.
+  state = one.get_state()
+  expected = _indices(next(one))
+  again = iter(task_data.ShardedLoader(source, global_batch_size=8, num_shards=4, seed=3,
+                                       process_index=0, process_count=1))
+  again.set_state(state)
+  assert _indices(next(again)) == expected
+
+
+@pytest.mark.parametrize("kwargs, match", [
+  (dict(num_shards=3, process_count=2, process_index=0), "multiple of the 2 processes"),
+  (dict(num_shards=4, global_batch_size=6), "does not split into config.data_shards=4"),
+])
+def test_sharded_loader_errors_name_the_config_key(kwargs, match):
+  source = [{"index": i, "prompt": str(i)} for i in range(64)]
+  kwargs = dict(dict(global_batch_size=8, seed=0, process_index=0, process_count=1), **kwargs)
+  with pytest.raises(ValueError, match=match):
+    task_data.ShardedLoader(source, **kwargs)

@@ -1,0 +1,128 @@
+"""experiments/grpo.py as 2 processes × 4 CPU devices on localhost (jax.distributed + gloo).
+
+The processes join through `JAX_COORDINATOR_ADDRESS` / `JAX_NUM_PROCESSES` /
+`JAX_PROCESS_ID` (what scripts/launch_slurm.sh sets) and run the `runlocal`
+GRPO config over one 8-device mesh. With `config.data_shards=2` the global
+batch is the same as a single 8-device process reading both shards, so the
+per-step metrics must agree. A killed process must bring the other down with
+a clear message within a bounded time, and the same command must resume.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import portpicker
+import pytest
+
+from jaxrl_post.training.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPARED = ("train/loss", "train/grad_norm", "train/reward_correct", "train/reward_format")
+# 4 steps, checkpoints every 2; evaluation only where the binary must (steps 0, 4).
+ARGS = ("--config.steps=4", "--config.eval_every=100", "--config.checkpoint_every=2",
+        "--config.eval_pass_k=0", "--config.eval_examples=2", "--config.data_shards=2")
+HEARTBEAT_S = 10
+
+
+def _command(workdir, policy):
+  return [sys.executable, str(ROOT / "experiments" / "grpo.py"),
+          f"--config={ROOT / 'configs' / 'grpo_arith.py'}:runlocal", f"--workdir={workdir}",
+          f"--config.init_from={policy}", *ARGS]
+
+
+def _launch(workdir, policy, port):
+  """Starts the two processes; their logs go to workdir/../process_<i>.log."""
+  processes = []
+  for index in range(2):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(index), JAXRL_POST_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_S))
+    log = open(Path(workdir).parent / f"process_{index}.log", "w")
+    processes.append(subprocess.Popen(_command(workdir, policy), env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, text=True))
+  return processes
+
+
+def _wait(processes, timeout=600):
+  codes = [p.wait(timeout=timeout) for p in processes]
+  return codes
+
+
+def _log(workdir, index):
+  return (Path(workdir).parent / f"process_{index}.log").read_text()
+
+
+def _train_records(workdir):
+  return [r for r in read_metrics(workdir) if "train/loss" in r]
+
+
+@pytest.fixture(scope="module")
+def single_process(format_writer_policy, tmp_path_factory):
+  """The reference: one process with 8 devices reading both data shards."""
+  workdir = tmp_path_factory.mktemp("single") / "run"
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  result = subprocess.run(_command(workdir, format_writer_policy), env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = _train_records(workdir)
+  assert [r["step"] for r in records] == [1, 2, 3, 4]
+  assert max(r["train/grad_norm"] for r in records) > 1e-2  # not a comparison of zeros
+  return records
+
+
+def _assert_same_metrics(records, reference):
+  assert [r["step"] for r in records] == [r["step"] for r in reference]
+  for mine, theirs in zip(records, reference):
+    for key in COMPARED:
+      # Same global batch and rng, so the same tokens and rewards; loss and
+      # gradient norm differ by float32 summation order only (as on one host).
+      np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-4, atol=1e-6,
+                                 err_msg=f"{key} at step {theirs['step']}")
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(format_writer_policy, single_process, tmp_path):
+  workdir = tmp_path / "run"
+  codes = _wait(_launch(workdir, format_writer_policy, portpicker.pick_unused_port()))
+  assert codes == [0, 0], _log(workdir, 0)[-3000:] + _log(workdir, 1)[-3000:]
+  # Only process 0 writes metrics: each step appears once.
+  _assert_same_metrics(_train_records(workdir), single_process)
+  assert "held-out accuracy" in _log(workdir, 0)
+
+
+@pytest.mark.slow
+def test_a_killed_process_stops_the_other_and_the_run_resumes(format_writer_policy,
+                                                              single_process, tmp_path):
+  workdir = tmp_path / "run"
+  processes = _launch(workdir, format_writer_policy, portpicker.pick_unused_port())
+  # Kill process 1 once the checkpoint of step 2 is on disk and step 3 is logged.
+  deadline = time.monotonic() + 600
+  while not any(r.get("step") == 3 for r in _train_records(workdir)):
+    assert time.monotonic() < deadline and processes[0].poll() is None, _log(workdir, 0)[-3000:]
+    time.sleep(0.2)
+  processes[1].send_signal(signal.SIGKILL)
+  killed_at = time.monotonic()
+  code = processes[0].wait(timeout=120)
+  elapsed = time.monotonic() - killed_at
+  processes[1].wait()
+  assert code != 0
+  # Bounded: the next collective fails at once (gloo sees the closed socket);
+  # the heartbeat time-out is the backstop for a peer that hangs.
+  assert elapsed < HEARTBEAT_S + 30, elapsed
+  # Two ways down, both naming the cause: a collective that errors (our
+  # message, from multihost.peer_failures_are_fatal), or one that blocks until
+  # the coordination service sees the missing heartbeats and aborts the process.
+  log = _log(workdir, 0)
+  assert ("a collective failed during GRPO training" in log
+          or "another task died" in log and "stopped sending heartbeats" in log), log[-3000:]
+  assert (workdir / "checkpoints" / "2").is_dir()
+
+  # The same command resumes from step 2 and ends as the uninterrupted run.
+  codes = _wait(_launch(workdir, format_writer_policy, portpicker.pick_unused_port()))
+  assert codes == [0, 0], _log(workdir, 0)[-3000:] + _log(workdir, 1)[-3000:]
+  _assert_same_metrics(_train_records(workdir), single_process)
