@@ -1,0 +1,79 @@
+"""experiments/pcqa.py end to end in runlocal mode (subprocess), and its config's variants."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxrl_post.training.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "pcqa_synthetic.py"
+ENV = dict(os.environ, XLA_FLAGS="")
+
+
+def _load_config():
+  spec = importlib.util.spec_from_file_location("pcqa_synthetic", CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_config_variants_and_errors():
+  module = _load_config()
+  config = module.get_config("")
+  assert config.methods.split(",") == list(module.METHOD_NAMES)
+  assert (config.grpo.num_samples, config.grpo.epsilon, config.grpo.beta) == (4, 0.2, 0.04)
+  assert (config.grpo.sigma, config.grpo.gaussian_units) == (0.5, "score")
+  assert module.get_config("methods=sft;full,seeds=2").methods == "sft,full"
+  local = module.get_config("runlocal")
+  assert local.num_seeds == 1 and local.rl_steps == 2
+  with pytest.raises(ValueError, match=r"unknown method\(s\) \['grpo'\]"):
+    module.get_config("methods=grpo")
+  with pytest.raises(ValueError, match="unknown config arg 'sigma'"):
+    module.get_config("sigma=1")
+  added = []
+  module.sweep(lambda **kw: added.append(kw))
+  assert len(added) == 9 and {kw["source"] for kw in added} == {"syn_a", "syn_b", "syn_c"}
+
+
+def _run(workdir, *extra):
+  command = [sys.executable, str(ROOT / "experiments" / "pcqa.py"),
+             f"--config={CONFIG}:runlocal", f"--workdir={workdir}", *extra]
+  return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=900,
+                        check=False)
+
+
+@pytest.mark.slow
+def test_runlocal_all_methods_end_to_end_then_skips_finished_runs(tmp_path):
+  result = _run(tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  datasets = ("syn_a", "syn_b", "syn_c")
+  for method in ("base", "sft", "rank", "rank_gauss", "full", "regression"):
+    run = tmp_path / "seed_0" / method
+    final = json.loads((run / "final.json").read_text())
+    for d in datasets:
+      assert f"{d}/plcc" in final and f"{d}/srcc" in final, (method, d)
+    assert (run / "checkpoints").is_dir() and (run / "config.json").exists()
+    records = read_metrics(run)
+    assert any("eval/avg/plcc" in r for r in records), method
+  grpo = [r for r in read_metrics(tmp_path / "seed_0" / "full") if "reward/total" in r]
+  # The cold start (1 SFT step) comes first, so GRPO logs steps 2 and 3.
+  assert [r["step"] for r in grpo] == [2, 3]
+  assert all(0.0 <= r["reward/unparseable"] <= 1.0 and r["reward/format_weight"] <= 1.0
+             for r in grpo)
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert set(summary) == {"sft", "rank", "rank_gauss", "full", "regression"}
+  assert "| regression | 1 |" in result.stdout
+
+  # A rerun finds every final.json and trains nothing.
+  again = _run(tmp_path)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stderr.count("done, skipped") == 5 and "base stage restored" in again.stderr
+
+  bad = _run(tmp_path / "bad", "--config.source=sjtu")
+  assert bad.returncode != 0 and "config.source='sjtu' is not in config.datasets" in bad.stderr
