@@ -1,0 +1,99 @@
+"""The patch-encoder + CausalLM detector: shapes, causality, cached decoding = teacher forcing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_post.models import get_model_config
+from jaxrl_post.models.perception import Chain, PatchEncoder, PerceptionConfig, PerceptionDetector
+from jaxrl_post.tasks import dense_scenes as ds
+
+
+def _model(seed=0, image_size=16, fourier_features=0):
+  lm = get_model_config("tiny", vocab_size=ds.VOCAB_SIZE, num_layers=1)
+  cfg = PerceptionConfig(lm, image_size=image_size, patch_size=8, coord_bins=32, size_bins=8,
+                         fourier_features=fourier_features)
+  return PerceptionDetector(cfg, rngs=nnx.Rngs(seed))
+
+
+def _jit(model, fn):
+  """`fn(model, *args)` as one compiled program (eager NNX calls are slow on a loaded CPU)."""
+  graphdef, state = nnx.split(model)
+  compiled = jax.jit(lambda st, *args: fn(nnx.merge(graphdef, st), *args))
+  return lambda *args: compiled(state, *args)
+
+
+def _chain(rng, b, t, cfg):
+  tokens = rng.choice([ds.FOUND, ds.COORD, ds.SIZE, ds.END], size=(b, t)).astype(np.int32)
+  return Chain(jnp.asarray(tokens), *(jnp.asarray(rng.integers(0, k, (b, t)), jnp.int32)
+                                      for k in (cfg.coord_bins, cfg.coord_bins, cfg.size_bins,
+                                                cfg.size_bins)))
+
+
+def test_patch_encoder_order_and_shape_errors():
+  model = _model()
+  enc = model.encoder
+  assert isinstance(enc, PatchEncoder)
+  images = jnp.zeros((1, 16, 16, 3)).at[0, 8:, :8].set(1.0)  # Only patch (row 1, col 0) lit.
+  base = enc(jnp.zeros((1, 16, 16, 3)))
+  out = enc(images)
+  changed = np.abs(np.asarray(out - base)).sum(-1)[0] > 1e-6
+  assert changed.tolist() == [False, False, True, False]  # Row-major patch 2.
+  with pytest.raises(ValueError, match="expected \\[b, 16, 16, 3\\]"):
+    enc(jnp.zeros((1, 8, 8, 3)))
+  with pytest.raises(ValueError, match="not a multiple of patch_size"):
+    PerceptionConfig(get_model_config("tiny"), image_size=20, patch_size=8)
+
+
+@pytest.mark.parametrize("fourier_features", [0, 16])
+def test_bins_enter_only_their_tokens(fourier_features):
+  model = _model(fourier_features=fourier_features)
+  cfg = model.config
+  rng = np.random.default_rng(0)
+  chain = _chain(rng, 2, 6, cfg)
+  emb = model.embed_actions(chain)
+  # Changing x bins changes the embedding only at <coord> actions; w bins only at <size>.
+  moved = chain._replace(x=(chain.x + 1) % cfg.coord_bins, w=(chain.w + 1) % cfg.size_bins)
+  diff = np.abs(np.asarray(model.embed_actions(moved) - emb)).sum(-1) > 0
+  tokens = np.asarray(chain.tokens)
+  np.testing.assert_array_equal(diff, (tokens == ds.COORD) | (tokens == ds.SIZE))
+
+
+def test_teacher_forcing_is_causal():
+  model = _model()
+  rng = np.random.default_rng(1)
+  chain = _chain(rng, 1, 6, model.config)
+  images = jnp.asarray(rng.uniform(size=(1, 16, 16, 3)), jnp.float32)
+  q = jnp.asarray([[ds.COLOUR_QUERY["red"], ds.SHAPE_QUERY["any"]]])
+  forward = _jit(model, lambda m, *a: m(*a))
+  out = forward(images, q, chain)
+  later = chain._replace(tokens=chain.tokens.at[0, 4].set(ds.END), x=chain.x.at[0, 4:].set(0))
+  out2 = forward(images, q, later)
+  # Logits of actions 0..4 do not see action 4 itself (they are predicted before it).
+  for a, b in zip(out, out2):
+    np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-6)
+    assert not np.allclose(a[:, 5], b[:, 5])
+
+
+@pytest.mark.parametrize("fourier_features", [0, 16])
+def test_cached_decoding_matches_teacher_forcing(fourier_features):
+  model = _model(seed=3, fourier_features=fourier_features)
+  rng = np.random.default_rng(2)
+  chain = _chain(rng, 2, 5, model.config)
+  images = jnp.asarray(rng.uniform(size=(2, 16, 16, 3)), jnp.float32)
+  q = jnp.asarray([[6, 11], [7, 12]], jnp.int32)
+  full = _jit(model, lambda m, *a: m(*a))(images, q, chain)
+
+  def decode(m, images, q, chain):
+    heads, cache = m.prefill(images, q, m.init_cache(2, 5))
+    steps = [heads]
+    for t in range(4):
+      heads, cache = m.decode_step(Chain(*(a[:, t:t + 1] for a in chain)), cache)
+      steps.append(heads)
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *steps)
+
+  cached = _jit(model, decode)(images, q, chain)
+  for a, b in zip(full, cached):
+    np.testing.assert_allclose(a, b, atol=2e-5)
