@@ -1,7 +1,10 @@
-"""Decoder LMs (Llama / Qwen2 / Qwen3 / SmolLM3) and Hugging Face checkpoints."""
+"""Decoder LMs (Llama / Qwen2 / Qwen3 / SmolLM3), Hugging Face checkpoints, and the small
+multimodal models built on them (a dense detector, a point-cloud quality rater)."""
 
 from jaxrl_post.models.configs import MODEL_PRESETS, get_model_config
 from jaxrl_post.models.model_config import ModelConfig, RopeScaling
+from jaxrl_post.models.perception import PerceptionConfig, PerceptionDetector
+from jaxrl_post.models.point_cloud import PointCloudLM
 from jaxrl_post.models.transformer import CausalLM, KVCache, default_positions
 
 __all__ = [
@@ -9,6 +12,9 @@ __all__ = [
   "CausalLM",
   "KVCache",
   "ModelConfig",
+  "PerceptionConfig",
+  "PerceptionDetector",
+  "PointCloudLM",
   "RopeScaling",
   "default_positions",
   "get_model_config",

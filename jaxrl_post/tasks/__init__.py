@@ -10,7 +10,9 @@ Registered tasks (`TASKS`): `"arith"` (multi-digit arithmetic with worked steps)
 as labelled domains, for multi-teacher distillation). Modules: `base` (interface,
 record format, answer parsing), one module per task, `expressions` (the safe expression
 evaluator) and `data` (tfds builder and grain loader; import it explicitly, as it loads
-tensorflow-datasets).
+tensorflow-datasets). Two non-text data modules have their own APIs and are not registered
+`Task`s: `dense_scenes` (images of up to 500+ objects with referring queries, for the dense
+detector) and `point_clouds` (distorted point clouds with hidden MOS, for quality rating).
 """
 
 from jaxrl_post.tasks import arithmetic, countdown, files, format_following
