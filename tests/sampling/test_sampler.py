@@ -279,7 +279,9 @@ def test_prompt_embeddings_decode_and_score_agree(model):
                 stop_ids=jnp.zeros((0,), jnp.int32), pad_id=0, temperature=1.0, top_p=1.0,
                 top_k=0, greedy=False, num_logprobs=0)
 
+  @jax.jit
   def rollout(embeddings):
+    # Jitted: an eager while_loop would compile every primitive on its own.
     start = kernels.prefill(graphdef, state, tokens, mask, cache_len=10, num_samples=2,
                             embeddings=embeddings)
     return kernels.decode(graphdef, state, start, jax.random.key(0), **kwargs)
