@@ -337,6 +337,35 @@ def predict_lm(k: Kernels, params, tokenizer, views: np.ndarray, *, batch_size: 
   return np.where(bad, FALLBACK_SCORE, scores).astype(np.float64), bad, texts
 
 
+def predict_lm_sampled(k: Kernels, params, tokenizer, views: np.ndarray, *, batch_size: int,
+                       num_samples: int, rng: jax.Array
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Mean of K sampled answers per cloud: (means with the 3.0 fall-back, no-valid mask, scores).
+
+  `k.sample` must draw `num_samples` rollouts per prompt (its K and temperature are fixed when
+  `build_kernels` compiles it). Unparseable samples are dropped from a cloud's mean; a cloud
+  with no parseable sample falls back to `FALLBACK_SCORE` and is flagged in the mask. Chunk c
+  samples with `fold_in(rng, c)`, so a fixed `rng` (and batch size) gives fixed predictions.
+  `scores` is `[n, K]` with NaN for unparseable samples.
+  """
+  texts: list[str] = []
+  for c, index in enumerate(_chunks(len(views), batch_size)):
+    out = k.sample(params, _padded(views, index, batch_size), jax.random.fold_in(rng, c))
+    rows = decode_completions(tokenizer, out.tokens, out.mask)
+    if len(rows) != batch_size * num_samples:
+      raise ValueError(f"k.sample drew {len(rows)} rows for {batch_size} prompts; expected "
+                       f"K={num_samples} per prompt (build_kernels(num_samples=...))")
+    texts += rows[:len(index) * num_samples]
+  parsed = [ranking.parse_score(t, score_range=SCORE_RANGE) for t in texts]
+  scores = np.asarray([np.nan if s is None else s for s in parsed],
+                      np.float64).reshape(len(views), num_samples)
+  valid = np.isfinite(scores)
+  none = ~valid.any(axis=1)
+  means = np.where(none, FALLBACK_SCORE,
+                   np.nansum(scores, axis=1) / np.maximum(valid.sum(axis=1), 1))
+  return means, none, scores
+
+
 def predict_regressor(k: Kernels, params, views: np.ndarray, *, batch_size: int) -> np.ndarray:
   preds = [np.asarray(k.regress(params, _padded(views, index, batch_size)))[:len(index)]
            for index in _chunks(len(views), batch_size)]
@@ -361,11 +390,32 @@ def summarize(per_dataset: Mapping[str, Mapping[str, float]], source: str) -> di
 
 
 def evaluate_lm(k: Kernels, params, tokenizer, test: Mapping[str, pc.DatasetArrays], *,
-                source: str, batch_size: int) -> dict[str, Any]:
-  """Greedy PLCC / SRCC per dataset and averaged; unparseable answers counted per dataset."""
+                source: str, batch_size: int, mode: str = "greedy", num_samples: int = 8,
+                rng: jax.Array | None = None) -> dict[str, Any]:
+  """PLCC / SRCC per dataset and averaged; unparseable answers counted per dataset.
+
+  `mode="greedy"`: one greedy answer per cloud (`predict_lm`); `<d>/unparseable` is the share
+  of clouds whose answer fell back to 3.0. `mode="sampled_mean"`: the mean of `num_samples`
+  sampled answers (`predict_lm_sampled`; `k` must be built with that K and the sampling
+  temperature, `rng` is required); `<d>/unparseable` is the share of clouds with no parseable
+  sample (fall-back 3.0) and `<d>/unparseable_samples` the share of unparseable samples.
+  """
+  if mode not in ("greedy", "sampled_mean"):
+    raise ValueError(f"unknown evaluation mode {mode!r}; valid: greedy, sampled_mean")
+  if mode == "sampled_mean" and rng is None:
+    raise ValueError("mode='sampled_mean' needs an rng")
   per_dataset, extra = {}, {}
-  for name, data in test.items():
-    pred, bad, _ = predict_lm(k, params, tokenizer, data.views, batch_size=batch_size)
+  for i, (name, data) in enumerate(test.items()):
+    if mode == "greedy":
+      pred, bad, _ = predict_lm(k, params, tokenizer, data.views, batch_size=batch_size)
+    else:
+      pred, bad, scores = predict_lm_sampled(k, params, tokenizer, data.views,
+                                             batch_size=batch_size, num_samples=num_samples,
+                                             rng=jax.random.fold_in(rng, i))
+      extra[f"{name}/unparseable_samples"] = float(np.mean(~np.isfinite(scores)))
+      some = np.isfinite(scores).any(axis=1)  # spread of the K scores of a cloud
+      extra[f"{name}/sample_std_within"] = (
+        float(np.mean(np.nanstd(scores[some], axis=1))) if some.any() else 0.0)
     per_dataset[name] = dataset_metrics(data.mos, pred)
     extra[f"{name}/unparseable"] = float(np.mean(bad))
     extra[f"{name}/score_std"] = float(np.std(pred))
@@ -398,7 +448,7 @@ def _correlations(final: Mapping[str, Any], datasets: Sequence[str]) -> dict[str
 
 
 def aggregate_runs(workdir, methods: Sequence[str], datasets: Sequence[str], *,
-                   source: str) -> dict[str, dict[str, Any]]:
+                   source: str, filename: str = "final.json") -> dict[str, dict[str, Any]]:
   """Mean and std over seeds of each method's `final.json` under `workdir/seed_*/<method>/`.
 
   Per run, PLCC / SRCC per dataset (`_correlations`: a constant predictor counts 0), their
@@ -412,7 +462,7 @@ def aggregate_runs(workdir, methods: Sequence[str], datasets: Sequence[str], *,
   table: dict[str, dict[str, Any]] = {}
   for method in methods:
     finals = [json.loads(p.read_text())
-              for p in sorted(Path(workdir).glob(f"seed_*/{method}/final.json"))]
+              for p in sorted(Path(workdir).glob(f"seed_*/{method}/{filename}"))]
     if not finals:
       continue
     runs = []

@@ -2,6 +2,7 @@
 
 import json
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -214,3 +215,79 @@ def test_regression_steps_lower_mse_and_predictions_fall_back_when_unparseable(s
   params = nnx.state(setup["model"], nnx.Param)
   scores, bad, texts = pcqa.predict_lm(kern, params, setup["tok"], data.views[:5], batch_size=4)
   assert len(texts) == 5 and bad.all() and (scores == pcqa.FALLBACK_SCORE).all()
+
+
+def test_sampled_mean_predictor_is_deterministic_and_counts_fall_backs(setup):
+  kern, tok, data = setup["kern"], setup["tok"], setup["data"]
+  params = nnx.state(setup["model"], nnx.Param)
+  kw = dict(batch_size=4, num_samples=2)
+  a = pcqa.predict_lm_sampled(kern, params, tok, data.views[:5], rng=jax.random.key(7), **kw)
+  b = pcqa.predict_lm_sampled(kern, params, tok, data.views[:5], rng=jax.random.key(7), **kw)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)  # fixed rng → fixed samples (NaN == NaN here)
+  means, none, scores = a
+  assert scores.shape == (5, 2) and means.shape == (5,)
+  # The untrained LM never writes an answer: every cloud falls back to 3.0 and is counted.
+  assert none.all() and (means == pcqa.FALLBACK_SCORE).all() and np.isnan(scores).all()
+  with pytest.raises(ValueError, match="expected K=3 per prompt"):
+    pcqa.predict_lm_sampled(kern, params, tok, data.views[:2], batch_size=2, num_samples=3,
+                            rng=jax.random.key(0))
+
+
+class _Out(NamedTuple):
+  tokens: np.ndarray
+  mask: np.ndarray
+
+
+def _stub_kernels(tok, k_samples):
+  """Kernels whose rollouts are fixed texts keyed on the cloud id stored in `views[:, 0]`.
+
+  Cloud i: samples (1 + i, 2 + i, junk, …) — except every third cloud, whose samples are all
+  junk; greedy always answers 3.0 (the collapsed GRPO policy).
+  """
+
+  def encode(texts):
+    return _Out(*pcqa.encode_completions(tok, texts, COMPLETION_LEN))
+
+  def sample(params, views, rng):
+    del params, rng
+    texts = []
+    for v in np.asarray(views)[:, 0].astype(int):
+      if v % 3 == 2:
+        texts += ["<answer>junk</answer>"] * k_samples
+      else:
+        texts += [pcqa.completion("x.", 1.0 + (v + j) % 4) if j < 2 else "junk"
+                  for j in range(k_samples)]
+    return encode(texts)
+
+  def greedy(params, views):
+    return encode([pcqa.completion("x.", 3.0)] * len(views))
+
+  return pcqa.Kernels(sample, greedy, None, None)
+
+
+def test_sampled_mean_drops_unparseable_samples_and_differs_from_greedy():
+  tok = get_tokenizer("char")
+  kern = _stub_kernels(tok, 3)
+  views = np.arange(6, dtype=np.float32)[:, None]
+  means, none, scores = pcqa.predict_lm_sampled(kern, None, tok, views, batch_size=4,
+                                                num_samples=3, rng=jax.random.key(0))
+  # Cloud i (not ≡ 2 mod 3): mean of the parseable 1 + i % 4 and 1 + (i + 1) % 4.
+  np.testing.assert_allclose(means, [1.5, 2.5, 3.0, 2.5, 1.5, 3.0])
+  np.testing.assert_array_equal(none, [False, False, True, False, False, True])
+  assert np.isnan(scores[:, 2]).all() and np.isfinite(scores[0, :2]).all()
+  greedy, bad, _ = pcqa.predict_lm(kern, None, tok, views, batch_size=4)
+  assert not bad.any() and (greedy == 3.0).all() and not np.allclose(means, greedy)
+
+  data = type("D", (), dict(views=views, mos=np.linspace(0, 1, 6)))()
+  g = pcqa.evaluate_lm(kern, None, tok, {"syn_a": data}, source="syn_a", batch_size=4)
+  s = pcqa.evaluate_lm(kern, None, tok, {"syn_a": data}, source="syn_a", batch_size=4,
+                       mode="sampled_mean", num_samples=3, rng=jax.random.key(0))
+  assert g["syn_a/score_std"] == 0.0 and s["syn_a/score_std"] > 0.3
+  assert s["syn_a/unparseable"] == pytest.approx(2 / 6)  # clouds with no parseable sample
+  assert s["syn_a/unparseable_samples"] == pytest.approx(10 / 18)
+  with pytest.raises(ValueError, match="needs an rng"):
+    pcqa.evaluate_lm(kern, None, tok, {"syn_a": data}, source="syn_a", batch_size=4,
+                     mode="sampled_mean", num_samples=3)
+  with pytest.raises(ValueError, match="unknown evaluation mode 'mode'"):
+    pcqa.evaluate_lm(kern, None, tok, {"syn_a": data}, source="syn_a", batch_size=4, mode="mode")
