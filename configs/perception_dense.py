@@ -1,8 +1,9 @@
 r"""Falcon Perception-HD (arXiv 2608.18881) on synthetic dense scenes: SFT, then count-reward GRPO.
 
 One run is one phase (`phase=sft` or `phase=rl`); RL starts from an SFT workdir (`init_from`).
-The reproduction (docs/_draft_perception.md). Measured on 2 CPU cores shared with two other jobs
-(load 5–8): SFT 440–730 s, each RL run 210–430 s, sft_more 130 s; ≈ 20 minutes per seed:
+The reproduction is in docs/results.md ("Falcon Perception-HD"). Measured on 2 CPU cores
+shared with two other jobs (load 5–8): SFT 440–730 s, each RL run 210–430 s, sft_more
+130 s; ≈ 20 minutes per seed:
 
   python experiments/perception.py --config=configs/perception_dense.py:phase=sft,seed=0 \
       --workdir=/tmp/perc/s0/sft                                     # SFT, 400 steps
@@ -16,7 +17,7 @@ The reproduction (docs/_draft_perception.md). Measured on 2 CPU cores shared wit
 
 `scripts/perception_table.py /tmp/perc` prints the table and writes the plots. Expected (3 seeds):
 SFT dense F1@0.5 ≈ 0.035 (the tiny detector barely localises); every count-reward RL run
-collapses to emitting no boxes within ≈ 20 steps (F1 0, see the draft for why).
+collapses to emitting no boxes within ≈ 20 steps (F1 0, docs/results.md says why).
 
 Variants (after the colon): `runlocal`, `phase=sft|rl|sft_more`, `seed=<n>`, `steps=<n>`,
 `detach=<bool>` (existence-token stop-gradient in RL), `clip_cov=<bool>`.

@@ -23,7 +23,7 @@ from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 RUNS = (("sft", "SFT (400 steps)"), ("sft_more", "SFT + 60 more steps (control)"),
         ("rl", "SFT → RL 60 steps (existence detached)"),
         ("rl_nodetach", "SFT → RL 60 steps (no detach)"),
-        # Single-seed probes of the collapse (docs/_draft_perception.md).
+        # Single-seed probes of the collapse (docs/results.md).
         ("rl_lr1e-5", "SFT → RL, lr 1e-5"), ("rl_f1", "SFT → RL, F1 reward"))
 MAIN_RUNS = RUNS[:4]  # The plots show the 3-seed grid only.
 BUCKETS = ("1-10", "11-50", "51-200", "201-500")
