@@ -49,6 +49,12 @@ def test_config_variants():
   assert module.get_config("runlocal").model == module.get_config("sft,runlocal").model == "tiny"
   with pytest.raises(ValueError, match="unknown method"):
     module.get_config("method=mopd")
+  # RouteOPD students: one domain, its teacher only; countdown keeps its two numbers.
+  only = module.get_config("only=countdown,root=/r")
+  assert list(only.task_knobs.components) == ["countdown"] and list(only.teachers) == ["countdown"]
+  assert only.task_knobs.components.countdown.knobs.num_numbers == 2
+  with pytest.raises(ValueError, match="only='code' is not a domain"):
+    module.get_config("only=code")
   added = []
   module.sweep(lambda **kw: added.append(kw))
   assert len(added) == 12 and {kw["method"] for kw in added} == set(module.METHOD_NAMES)

@@ -1,0 +1,64 @@
+"""scripts/opd_table.py: the Open-MOPD table's arithmetic on hand-written metrics files."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+  spec = importlib.util.spec_from_file_location("opd_table", ROOT / "scripts" / "opd_table.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+SCRIPT = _load()
+
+
+def _write(run: Path, records, seconds=None):
+  run.mkdir(parents=True)
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  if seconds is not None:
+    (run / "DONE").write_text(str(seconds))
+
+
+def _accuracies(prefix, values):
+  return {f"{prefix}/{d}/accuracy": v for d, v in zip(SCRIPT.DOMAINS, values)}
+
+
+def test_table_reads_references_and_computes_recovery_and_gap(tmp_path):
+  # MixSFT Total 0.5, RouteRL Total 0.8, RouteOPD Total (0.9 + 0.6 + 0.9) / 3 = 0.8.
+  _write(tmp_path / "route", [{"step": 0, **_accuracies("route", (0.9, 0.6, 0.9)),
+                               **_accuracies("eval", (0.6, 0.3, 0.6))}])
+  for d, acc in zip(SCRIPT.DOMAINS, (0.9, 0.6, 0.9)):
+    _write(tmp_path / f"route_opd_{d}", [{"step": 2, f"eval/{d}/accuracy": acc}], 60)
+  # Two naive seeds: Totals 0.6 and 0.7 → recovery 33.3 % and 66.7 %, gap 0.2 and 0.1.
+  for seed, (accs, share) in enumerate([((0.6, 0.6, 0.6), 0.5), ((0.8, 0.5, 0.8), 0.7)]):
+    _write(tmp_path / "naive" / f"seed{seed}",
+           [{"step": 0, **_accuracies("eval", (0.6, 0.3, 0.6))},
+            {"step": 1, "domain/arith/token_share": share, "domain/arith/budget_share": 0.4},
+            {"step": 2, "domain/arith/token_share": share, "domain/arith/budget_share": 0.6},
+            {"step": 2, **_accuracies("eval", accs)}], 120)
+  # An unfinished run (no DONE) is left out.
+  _write(tmp_path / "naive" / "seed2", [{"step": 2, **_accuracies("eval", (1.0, 1.0, 1.0))}])
+
+  data = SCRIPT.collect(tmp_path)
+  assert data["mixsft"] == pytest.approx(dict(zip(SCRIPT.DOMAINS, (0.6, 0.3, 0.6))))
+  assert data["route_opd"]["countdown"] == 0.6
+  text = SCRIPT.table(data)
+  row = next(line for line in text.splitlines() if line.startswith("| naive M-OPD"))
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[1] == "2"  # seeds
+  assert cells[5] == "0.650 ± 0.071"  # Total: mean and sample std of 0.6, 0.7
+  assert cells[6] == "50.0 ± 23.6 %"  # recovery: 1/3 and 2/3
+  assert cells[7] == "0.150 ± 0.071"  # integration gap: 0.2 and 0.1
+  assert cells[8].startswith("0.60 ± 0.14 / —")  # arith token share: means 0.5 and 0.7
+  assert cells[10] == "2.0 ± 0.0"  # minutes per run
+  assert "route_opd_arith 1.0" in text
+  SCRIPT.plots(data, tmp_path)
+  assert (tmp_path / "opd_domains.png").stat().st_size > 0
+  assert (tmp_path / "opd_shares.png").stat().st_size > 0
