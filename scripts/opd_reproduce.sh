@@ -6,7 +6,8 @@
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (OPD steps per run, default 30),
 # EVAL_EXAMPLES (held-out prompts per domain, default 128), SFT_STEPS (default 800),
-# TEACHER_STEPS (GRPO steps per teacher, default 30). A stage that finished leaves
+# TEACHER_STEPS (GRPO steps per teacher, default 30), JOBS (runs at once, default 1; `small`
+# keeps about one core busy, so JOBS=2 on 2 cores finishes sooner). A stage that finished leaves
 # <run>/DONE and is skipped when the script is rerun; an interrupted stage resumes from its
 # checkpoint. Runtimes on 2 CPU cores are in docs/results.md.
 set -euo pipefail
@@ -16,6 +17,7 @@ STEPS=${STEPS:-30}
 EVAL_EXAMPLES=${EVAL_EXAMPLES:-128}
 SFT_STEPS=${SFT_STEPS:-800}
 TEACHER_STEPS=${TEACHER_STEPS:-30}
+JOBS=${JOBS:-1}
 CONFIG=configs/opd_mix.py
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
@@ -35,16 +37,26 @@ stage() {
 # 1. The mixed-SFT student (MixSFT), the start of every teacher and every OPD student.
 stage "$R/sft" python experiments/sft.py --config=$CONFIG:sft --config.steps="$SFT_STEPS"
 
-# 2. One GRPO teacher per domain from MixSFT (countdown with the settings of
-#    configs/grpo_countdown.py's measured recipe).
-stage "$R/teacher_arith" python experiments/grpo.py --config=configs/grpo_arith.py \
-  --config.init_from="$R/sft" --config.steps="$TEACHER_STEPS"
-stage "$R/teacher_countdown" python experiments/grpo.py --config=configs/grpo_countdown.py:numbers=2 \
-  --config.init_from="$R/sft" --config.steps="$TEACHER_STEPS" --config.prompts_per_step=32 \
-  --config.ppo_mini_batches=4 --config.num_micro_batches=1 \
-  --config.optimizer.decay_steps=1000000000
-stage "$R/teacher_format" python experiments/grpo.py --config=configs/grpo_format.py \
-  --config.init_from="$R/sft" --config.steps="$TEACHER_STEPS"
+# lanes <function> <arg>...: runs `<function> <arg>` for every arg, JOBS at a time.
+lanes() {
+  local fn=$1; shift
+  local running=0
+  for arg in "$@"; do
+    "$fn" "$arg" &
+    running=$((running + 1))
+    if ((running >= JOBS)); then wait -n; running=$((running - 1)); fi
+  done
+  wait
+}
+
+# 2. One GRPO teacher per domain from MixSFT (the task configs' default GRPO settings).
+teacher() {
+  local config=configs/grpo_$1.py
+  [[ $1 == countdown ]] && config=configs/grpo_countdown.py:numbers=2
+  stage "$R/teacher_$1" python experiments/grpo.py --config=$config \
+    --config.init_from="$R/sft" --config.steps="$TEACHER_STEPS"
+}
+lanes teacher arith countdown format
 
 # 3. References at step 0: RouteRL (each domain by its teacher) and MixSFT (the student).
 stage "$R/route" python experiments/opd.py --config=$CONFIG:root=$R,steps=0 \
@@ -61,17 +73,18 @@ route_opd() {
   done
 }
 
-# 5. The four methods, seed-major (RouteOPD after the first seed) so that a stopped pipeline
-#    still has whole seeds. RouteRL is not re-evaluated: stage 3 has it.
-first=1
-for seed in $SEEDS; do
+# 5. The four methods, one lane per seed; RouteOPD is a lane of its own after the first seed.
+#    RouteRL is not re-evaluated: stage 3 has it.
+methods_of_seed() {
+  if [[ $1 == route_opd ]]; then route_opd; return; fi
   for method in naive token_share gap open_mopd; do
-    stage "$R/$method/seed$seed" python experiments/opd.py \
-      --config=$CONFIG:root=$R,method=$method,steps=$STEPS --config.seed="$seed" \
+    stage "$R/$method/seed$1" python experiments/opd.py \
+      --config=$CONFIG:root=$R,method=$method,steps=$STEPS --config.seed="$1" \
       --config.eval_examples="$EVAL_EXAMPLES" --config.eval_every=$((STEPS / 2)) \
       --config.eval_teachers=False
   done
-  if ((first)); then route_opd; first=0; fi
-done
+}
+read -ra seeds <<< "$SEEDS"
+lanes methods_of_seed "${seeds[0]}" route_opd "${seeds[@]:1}"
 
 python scripts/opd_table.py "$R" --out="$R/table.md" --plots="$R"
