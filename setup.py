@@ -35,6 +35,7 @@ _TEST = [
     "ipykernel",
     "ruff",
     "gymnax>=1.0.1",  # MLREF's inner PPO tests (jaxrl_post.rl_control)
+    "brax>=0.14",  # MLREF's brax tasks (jaxrl_post.rl_control.brax_envs, imported lazily)
 ]
 
 setuptools.setup(
@@ -48,6 +49,6 @@ setuptools.setup(
         "test": _TEST,
         "gpu": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
-        "control": ["gymnax>=1.0.1"],
+        "control": ["gymnax>=1.0.1", "brax>=0.14"],
     },
 )

@@ -1,9 +1,11 @@
-"""Inner RL for reward evolution: PPO in pure JAX on gymnax classic-control tasks.
+"""Inner RL for reward evolution: PPO in pure JAX on gymnax classic-control and brax tasks.
 
 Submodules (import them directly):
 
 * `envs`: `ControlTask`, a gymnax environment plus the feature dict that reward modules read
-  and the task/environment text the proposer sees (CartPole-v1, Pendulum-v1).
+  and the task/environment text the proposer sees (CartPole-v1, Pendulum-v1, brax/<env>).
+* `brax_envs`: brax hopper / halfcheetah / ant / reacher / pusher behind the gymnax interface
+  (auto-reset, truncation, features of the terminal brax state); imported only for brax tasks.
 * `ppo`: `make_train(config, task, ...)`, a purejaxrl-shaped, jittable, seed-`vmap`-able PPO that
   learns from a shaped reward and reports the task's true fitness separately.
 * `adapter`: `make_train_fn`, the `train_fn(RewardCandidate) -> TrainResult` that

@@ -19,6 +19,10 @@ CartPole-v1 features (all scalars, `[*batch]`), next state unless said otherwise
 
 Pendulum-v1 features (scalars): theta (angle from upright, wrapped to [−π, π]), theta_dot
 (rad/s, |·| ≤ 8), torque (applied torque, clipped to [−2, 2]), upright (cos theta).
+
+Brax tasks ("brax/hopper", "brax/halfcheetah", "brax/ant", "brax/reacher", "brax/pusher") live
+in `brax_envs`, which imports brax only when one of them is requested; their `next_obs` is a
+`brax_envs.BraxObservation` (terminal observation plus quantities of the full brax state).
 """
 
 from __future__ import annotations
@@ -39,16 +43,17 @@ class ControlTask:
   """A gymnax environment with everything the reward-evolution loop needs to know.
 
   Attributes:
-    name: gymnax id, e.g. "CartPole-v1".
-    env: the gymnax environment.
+    name: gymnax id, e.g. "CartPole-v1", or "brax/<env>" (see `brax_envs`).
+    env: the gymnax environment (or a `brax_envs.GymnaxBrax` with the same interface).
     env_params: its default parameters.
     discrete: categorical actions (else a diagonal Gaussian policy).
     action_dim: number of actions (discrete) or action dimensions (continuous).
     action_scale: continuous actions are clipped to [−scale, scale] by the env.
-    feature_spec: feature name → per-sample shape (all `()` here).
+    feature_spec: feature name → per-sample shape (`()` here; `(d,)` vectors for brax).
     feature_docs: feature name → meaning and units.
     features: `(obs [B, O], action [B] | [B, A], next_obs [B, O], terminated [B]) -> {name:
-      [B]}` with `next_obs` the terminal observation on the last step of an episode.
+      [B] | [B, d]}` with `next_obs` the terminal observation on the last step of an episode
+      (for brax, a `BraxObservation` pytree rather than an array).
     task: the task and its fitness, in words.
     environment: the dynamics and episode structure, in words.
   """
@@ -83,8 +88,17 @@ def _pendulum_features(obs, action, next_obs, terminated):
           "torque": jnp.clip(action[..., 0], -2.0, 2.0), "upright": cos}
 
 
+GYMNAX_NAMES = ("CartPole-v1", "Pendulum-v1")
+
+
 def make_task(name: str) -> ControlTask:
-  """The `ControlTask` for "CartPole-v1" or "Pendulum-v1"."""
+  """The `ControlTask` for "CartPole-v1", "Pendulum-v1" or "brax/<env>[?options]"."""
+  if name.startswith("brax/"):
+    from jaxrl_post.rl_control import brax_envs  # Lazy: gymnax users never import brax.
+    return brax_envs.make_task(name)
+  if name not in GYMNAX_NAMES:
+    from jaxrl_post.rl_control.brax_envs import VALID_NAMES
+    raise ValueError(f"unsupported task {name!r}; valid: {', '.join(GYMNAX_NAMES + VALID_NAMES)}")
   env, params = gymnax.make(name)
   if name == "CartPole-v1":
     spec = {k: () for k in ("x", "x_dot", "theta", "theta_dot", "push", "alive")}
@@ -120,4 +134,4 @@ def make_task(name: str) -> ControlTask:
              "200 steps (0 is best, about -1500 worst).",
         environment="Torque-limited pendulum (|u| <= 2) starting at a random angle, 200-step "
                     "episodes with no early termination.")
-  raise ValueError(f"unsupported task {name!r} (CartPole-v1, Pendulum-v1)")
+  raise AssertionError(name)  # Unreachable: GYMNAX_NAMES is checked above.
