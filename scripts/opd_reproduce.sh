@@ -7,7 +7,9 @@
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (OPD steps per run, default 30),
 # EVAL_EXAMPLES (held-out prompts per domain, default 128), SFT_STEPS (default 800),
 # TEACHER_STEPS (GRPO steps per teacher, default 30), JOBS (runs at once, default 1; `small`
-# keeps about one core busy, so JOBS=2 on 2 cores finishes sooner). A stage that finished leaves
+# keeps about one core busy, so JOBS=2 on 2 cores finishes sooner), FORMAT_SFT_STEPS (default 0;
+# n > 0 gives the format domain a specialist teacher: n steps of format-only SFT from MixSFT,
+# then the same GRPO, which opens a large headroom in the short-answer domain). A stage that finished leaves
 # <run>/DONE and is skipped when the script is rerun; an interrupted stage resumes from its
 # checkpoint. Runtimes on 2 CPU cores are in docs/results.md.
 set -euo pipefail
@@ -18,6 +20,7 @@ EVAL_EXAMPLES=${EVAL_EXAMPLES:-128}
 SFT_STEPS=${SFT_STEPS:-800}
 TEACHER_STEPS=${TEACHER_STEPS:-30}
 JOBS=${JOBS:-1}
+FORMAT_SFT_STEPS=${FORMAT_SFT_STEPS:-0}
 CONFIG=configs/opd_mix.py
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
@@ -51,10 +54,15 @@ lanes() {
 
 # 2. One GRPO teacher per domain from MixSFT (the task configs' default GRPO settings).
 teacher() {
-  local config=configs/grpo_$1.py
+  local config=configs/grpo_$1.py start=$R/sft
   [[ $1 == countdown ]] && config=configs/grpo_countdown.py:numbers=2
+  if [[ $1 == format ]] && ((FORMAT_SFT_STEPS > 0)); then
+    start=$R/teacher_format_sft
+    stage "$start" python experiments/sft.py --config=configs/grpo_format.py:sft \
+      --config.init_from="$R/sft" --config.steps="$FORMAT_SFT_STEPS"
+  fi
   stage "$R/teacher_$1" python experiments/grpo.py --config=$config \
-    --config.init_from="$R/sft" --config.steps="$TEACHER_STEPS"
+    --config.init_from="$start" --config.steps="$TEACHER_STEPS"
 }
 lanes teacher arith countdown format
 

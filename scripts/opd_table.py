@@ -80,7 +80,8 @@ def collect(root: Path):
                if (root / f"route_opd_{d}").exists() else float("nan") for d in DOMAINS}
   methods = {}
   for method in METHODS:
-    runs = sorted((root / method).glob("seed*"), key=lambda p: int(p.name[4:]))
+    runs = sorted((p for p in (root / method).glob("seed*") if p.is_dir()),
+                  key=lambda p: int(p.name[4:]))
     runs = [run for run in runs if (run / "DONE").exists()]
     if runs:
       methods[method] = {"runs": runs, "records": [read_metrics(run) for run in runs]}
