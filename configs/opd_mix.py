@@ -1,33 +1,25 @@
 r"""Multi-teacher on-policy distillation (Open-MOPD, arXiv 2608.19098) on a 2 : 2 : 1 task mixture.
 
 The paper's three stages on synthetic tasks: arithmetic (≈ math: long worked answers),
-countdown (≈ code) and format following (≈ IF: replies of a few characters, so it gets a tiny
-share of the gradient tokens, the imbalance the paper diagnoses). Model `small` (3.2M
-parameters, character tokenizer); every run below fits 2 CPU cores. Runtimes are estimates
-extrapolated from a few timed steps on the shared 2-core machine (≈ 2.5 h for the whole
-pipeline); the pipeline has not been run end to end yet, so there are no results to expect.
+countdown with two numbers (≈ code) and format following (≈ IF: replies of a few characters,
+so it gets a tiny share of the gradient tokens, the imbalance the paper diagnoses). Model
+`small` (3.2M parameters, character tokenizer). The whole pipeline (mixed SFT, one GRPO teacher
+per domain, RouteRL / MixSFT references, the four methods × 3 seeds, RouteOPD students, table
+and plots) is one command, ≈ 90 min on 2 CPU cores (docs/results.md has the measured table):
 
-  R=/tmp/mopd
-  # 1. Mixed SFT (the student's and the teachers' starting point; ≈ 60 min):
-  python experiments/sft.py --config=configs/opd_mix.py:sft --workdir=$R/sft
-  # 2. One GRPO teacher per domain, each from the mixed-SFT checkpoint (≈ 8-12 min each):
+  JOBS=2 bash scripts/opd_reproduce.sh /tmp/mopd
+
+Its stages, one by one (R=/tmp/mopd; the script's teachers run 30 GRPO steps):
+
+  python experiments/sft.py --config=configs/opd_mix.py:sft --workdir=$R/sft        # 32 min
   python experiments/grpo.py --config=configs/grpo_arith.py --workdir=$R/teacher_arith \
-      --config.init_from=$R/sft
-  python experiments/grpo.py --config=configs/grpo_countdown.py:numbers=2 \
-      --workdir=$R/teacher_countdown --config.init_from=$R/sft
-  python experiments/grpo.py --config=configs/grpo_format.py --workdir=$R/teacher_format \
-      --config.init_from=$R/sft
-  # 3. RouteRL reference (each domain answered by its own teacher) and the MixSFT baseline:
-  #    `steps=0` only runs the step-0 evaluations (route/<domain>/accuracy, route/total, and
-  #    eval/<domain>/accuracy, eval/total of the student = MixSFT); ≈ 1-2 min.
+      --config.init_from=$R/sft    # and grpo_countdown.py:numbers=2, grpo_format.py
   python experiments/opd.py --config=configs/opd_mix.py:root=$R,steps=0 --workdir=$R/route
-  # 4. The four methods (naive M-OPD, + token-share, + gap-following, full Open-MOPD;
-  #    ≈ 11 s per step → ≈ 10-15 min each with the evaluations):
-  for m in naive token_share gap open_mopd; do
-    python experiments/opd.py --config=configs/opd_mix.py:root=$R,method=$m --workdir=$R/$m
-  done
-  python scripts/plot_metrics.py --workdir=$R/naive,$R/token_share,$R/gap,$R/open_mopd \
-      --metrics=eval/total,eval/format/accuracy,domain/format/token_share --out=$R/opd.png
+  python experiments/opd.py --config=configs/opd_mix.py:root=$R,method=open_mopd,steps=30 \
+      --workdir=$R/open_mopd/seed0 --config.seed=0 --config.eval_teachers=False
+
+`steps=0` only runs the step-0 evaluations (route/<domain>/accuracy, route/total, and
+eval/<domain>/accuracy, eval/total of the student = MixSFT).
 
 `root=$R` points `init_from` at `$R/sft` and `teachers.<domain>` at `$R/teacher_<domain>`; set
 them one by one with `--config.init_from=... --config.teachers.arith=...` instead. Every run
