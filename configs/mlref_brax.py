@@ -47,6 +47,9 @@ measured: this exact config (32 x 64, 8 minibatches, 2 seeds vmapped, full -O XL
 did not finish compile + 20k steps within 7 min on the shared cores; check it (or set
 `--config.fast_compile=True`) before planning a long run.
 On a GPU (brax's intended setting: thousands of envs) the same runs are ~100x faster.
+The rates above predate the running obs / reward normalisation (now on; a few elementwise
+ops per step, expected negligible); `scripts/bench_brax.py` re-measures compile time and
+steps/s with this config's PPO settings.
 """
 
 import importlib.util
@@ -81,6 +84,13 @@ def get_config(arg=None):
   c = _BASE.get_config(base_arg)
   episode_length = arg.episode_length or (50 if arg.env in ("reacher", "pusher") else 200)
   c.env = f"brax/{arg.env}?episode_length={episode_length}&backend={arg.backend}"
+  # purejaxrl's brax PPO normalises both (every variant, runlocal included): brax observations
+  # mix positions (~1 m) and joint velocities (~10 rad/s), and per-step rewards of O(1) give
+  # returns of O(100) for the critic; without rescaling, locomotion hardly learns. Only what PPO
+  # learns from is normalised: reward features and the fitness (brax's own return) stay raw.
+  # Not in the gymnax config, whose CartPole / Pendulum results predate it and learn without.
+  c.ppo.normalize_obs = True
+  c.ppo.normalize_reward = True
   if arg.runlocal:
     # The gymnax runlocal PPO sizes (4 updates of 4 envs x 32 steps): episodes of 50 steps end
     # from the second update on; the whole run is dominated by two XLA compiles.

@@ -22,6 +22,13 @@ Per update u (U = total_timesteps / (num_envs · num_steps) updates), with B = n
 
 d_t is 1 when the episode ended at step t (termination or truncation: truncated episodes are
 not bootstrapped, as in purejaxrl).
+
+Optional running normalisation (`normalize_obs` / `normalize_reward`, see `normalization`),
+purejaxrl's continuous-control setting, which brax locomotion needs to learn at all: the policy
+and critic see o' = clip((o − μ) / σ, ±10) with μ, σ the running statistics of every
+observation received so far, and learn from r' = clip(r / σ_G, ±10) with σ_G the running std of
+the discounted learning return. Both are only what PPO optimises: reward features always see the
+raw observations, and the fitness is always summed from the raw environment reward.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrl_post.rl_control import normalization
 from jaxrl_post.rl_control.envs import ControlTask
 
 RewardFn = Callable[[Mapping[str, jax.Array], jax.Array], object]
@@ -57,7 +65,11 @@ class PPOConfig:
     ent_coef / vf_coef: c_H and c_V.
     max_grad_norm: global-norm gradient clipping.
     hidden / activation: two hidden layers of this width for the actor and for the critic.
-    reward_scale: multiplies the learning reward (not the fitness).
+    reward_scale: multiplies the learning reward (not the fitness), after `normalize_reward`.
+    normalize_obs: feed the networks running-normalised observations (stats per seed, updated
+      with every observation received, the reset ones included).
+    normalize_reward: divide the learning reward by the running std of its discounted return
+      (γ = `gamma`) and clip it to ±10. The fitness and the `learn_reward` metric stay raw.
   """
   num_envs: int = 8
   num_steps: int = 128
@@ -75,6 +87,8 @@ class PPOConfig:
   hidden: int = 64
   activation: str = "tanh"
   reward_scale: float = 1.0
+  normalize_obs: bool = False
+  normalize_reward: bool = False
 
   @property
   def num_updates(self) -> int:
@@ -185,10 +199,14 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
       fitness: mean true episodic return of the episodes finished in update u (carried from the
         previous update when none finished; leading gaps take the first value).
       episodes: episodes finished in update u.
-      learn_reward / env_reward: mean per-step learning reward / environment reward.
+      learn_reward / env_reward: mean per-step learning reward (before `reward_scale` and
+        `normalize_reward`) / environment reward.
       module_terms: `[U, K]` mean module output m_k (the curves of the correlation credit).
       module_nonfinite: `[U, K]` NaN/inf outputs of m_k neutralised to 0.
       loss, actor_loss, value_loss, entropy: means over the update's minibatches.
+    With `normalize_obs`, the result also holds `obs_norm`: the final
+    `normalization.RunningMeanStd` (`[O]` mean / var), without which `params` cannot be
+    evaluated (the policy's input is `normalization.normalize(obs_norm, obs)`).
   """
   env = task.env
   env_params = task.env_params if env_params is None else env_params
@@ -215,11 +233,21 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
                      optax.adam(lr_schedule if cfg.anneal_lr else cfg.lr, eps=1e-5))
     opt_state = tx.init(params)
     ep_ret = jnp.zeros((cfg.num_envs,), jnp.float32)
+    # (obs stats, reward stats); None (no leaves) when off, so the default program is unchanged.
+    # The carried `obs` stays raw: it is normalised where the networks read it, with the stats
+    # that already include it (updated on receipt, as purejaxrl's wrapper does).
+    norm = (normalization.obs_init(obs) if cfg.normalize_obs else None,
+            normalization.reward_init(cfg.num_envs) if cfg.normalize_reward else None)
+
+    def policy_input(obs_norm, obs):
+      return obs if obs_norm is None else normalization.obs_normalize(obs_norm, obs)
 
     def env_step(carry, _):
-      params, env_state, obs, ep_ret, rng = carry
+      params, env_state, obs, ep_ret, norm, rng = carry
+      obs_norm, rew_norm = norm
       rng, k_act, k_env = jax.random.split(rng, 3)
-      pi, value = net.apply(params, obs)
+      pi_obs = policy_input(obs_norm, obs)
+      pi, value = net.apply(params, pi_obs)
       action = sample_action(k_act, pi, task.discrete)
       logp = log_prob(pi, action, task.discrete)
       env_action = action if task.discrete else jnp.clip(action, -task.action_scale,
@@ -234,16 +262,25 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
         bad = jnp.zeros((0,), jnp.int32)
       else:
         # Features of the *terminal* next state, not of the auto-reset one.
-        feats = task.features(obs, env_action, info["final_observation"], term)
+        feats = task.features(obs, env_action, info["final_observation"], term)  # Raw obs.
         out = reward_fn(feats, weights)
         r, terms, bad = out.reward, jnp.mean(out.terms, axis=-1), out.nonfinite
+      # Fitness: the raw env reward of the policy being trained (it acts on normalised obs), so
+      # the normalisation needs nothing more at evaluation; the env reward is never normalised.
       ep_ret = ep_ret + env_r
       finished = jnp.where(done, ep_ret, 0.0)
       ep_ret = jnp.where(done, 0.0, ep_ret)
-      tr = Transition(done.astype(jnp.float32), action, value,
-                      cfg.reward_scale * r.astype(jnp.float32), logp, obs)
+      learn_r = r.astype(jnp.float32)
+      if rew_norm is not None:
+        learn_r, rew_norm = normalization.reward_step(rew_norm, learn_r, done, gamma=cfg.gamma)
+      if obs_norm is not None:
+        obs_norm = normalization.obs_step(obs_norm, next_obs)
+      # The transition stores the normalised obs the action was drawn from: the loss re-runs the
+      # networks on it, so old and new log-probs see the same input.
+      tr = Transition(done.astype(jnp.float32), action, value, cfg.reward_scale * learn_r, logp,
+                      pi_obs)
       stats = (finished.sum(), done.sum(), jnp.mean(r), jnp.mean(env_r), terms, bad)
-      return (params, env_state, next_obs, ep_ret, rng), (tr, stats)
+      return (params, env_state, next_obs, ep_ret, (obs_norm, rew_norm), rng), (tr, stats)
 
     def loss_fn(params, mb: Transition, adv, targets):
       pi, value = net.apply(params, mb.obs)
@@ -259,10 +296,10 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
       return total, (a_loss, v_loss, ent)
 
     def update(carry, _):
-      params, opt_state, env_state, obs, ep_ret, last_fit, rng = carry
-      (params, env_state, obs, ep_ret, rng), (traj, stats) = jax.lax.scan(
-          env_step, (params, env_state, obs, ep_ret, rng), None, cfg.num_steps)
-      _, last_value = net.apply(params, obs)
+      params, opt_state, env_state, obs, ep_ret, norm, last_fit, rng = carry
+      (params, env_state, obs, ep_ret, norm, rng), (traj, stats) = jax.lax.scan(
+          env_step, (params, env_state, obs, ep_ret, norm, rng), None, cfg.num_steps)
+      _, last_value = net.apply(params, policy_input(norm[0], obs))
       adv, targets = gae(traj.value, traj.reward, traj.done, last_value, gamma=cfg.gamma,
                          lam=cfg.gae_lambda)
 
@@ -293,12 +330,15 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
                  "env_reward": env_r.mean(), "module_terms": terms.mean(0),
                  "module_nonfinite": bad.sum(0), "loss": loss, "actor_loss": a_loss,
                  "value_loss": v_loss, "entropy": ent}
-      return (params, opt_state, env_state, obs, ep_ret, fit, rng), metrics
+      return (params, opt_state, env_state, obs, ep_ret, norm, fit, rng), metrics
 
-    carry = (params, opt_state, env_state, obs, ep_ret, jnp.float32(jnp.nan), rng)
+    carry = (params, opt_state, env_state, obs, ep_ret, norm, jnp.float32(jnp.nan), rng)
     carry, metrics = jax.lax.scan(update, carry, None, num_updates)
     metrics["fitness"] = _fill_leading_nan(metrics["fitness"])
-    return {"metrics": metrics, "params": carry[0]}
+    out = {"metrics": metrics, "params": carry[0]}
+    if cfg.normalize_obs:
+      out["obs_norm"] = carry[5][0].rms
+    return out
 
   return train
 

@@ -41,3 +41,13 @@ def test_bench_scaling_matches_the_1_device_loss_on_every_layout():
   assert [r["layout"] for r in rows[1:]] == ["data=2", "fsdp=2"]
   assert rows[0]["seconds"] > 0 and all(r["time_vs_1_device"] > 0 for r in rows[1:])
   assert all(r["loss_matches"] for r in rows[1:]), rows
+
+
+def test_bench_brax_reports_compile_time_and_steps_per_s():
+  # Two -O0 XLA compiles (CartPole ~4 s, PPO + brax reacher ~14 s): ~30 s on 2 busy cores.
+  ref, row = _json_lines("bench_brax.py", "--envs=reacher", "--num_envs=2", "--num_steps=8",
+                         "--updates=1", "--repeats=1", "--fast_compile")
+  assert ref["what"] == "reference_cartpole" and ref["steps_per_s"] > 0
+  assert row["what"] == "ppo_brax" and row["env"] == "reacher"
+  assert row["env_steps"] == 16 and row["normalize_obs"] and row["normalize_reward"]
+  assert row["compile_s"] > 0 and row["steps_per_s"] > 0 and row["steps_per_s_vs_cartpole"] > 0
