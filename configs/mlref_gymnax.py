@@ -43,6 +43,10 @@ def get_config(arg=None):
   c.score_window = 5              # S_v = mean fitness over the last updates.
   c.module_clip = 10.0            # |m_k| bound inside R.
   c.fast_compile = False          # XLA -O0: half the compile time, slower runs (runlocal).
+  # Typical (mean, std) of each feature from a random-action rollout, given to the proposer
+  # (TaskInfo.feature_stats: scale-aware offline templates, listed in the LLM prompts).
+  # num_steps=0 turns it off (the scale-blind offline draws of earlier results).
+  c.feature_stats = ml_collections.ConfigDict(dict(num_envs=16, num_steps=128, seed=0))
   c.ppo = ml_collections.ConfigDict(dict(
       num_envs=8, num_steps=128, total_timesteps=40_960, update_epochs=4, num_minibatches=4,
       lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,

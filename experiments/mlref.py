@@ -82,7 +82,13 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
   task = envs.make_task(config.env)
-  info = task.task_info()
+  # The features' typical scales (random-action rollout), as the proposer's docs: the offline
+  # proposer sizes its constants by them, the LLM prompts list them.
+  info = adapter.loop_task_info(task, seed=config.feature_stats.seed,
+                                num_envs=config.feature_stats.num_envs,
+                                num_steps=config.feature_stats.num_steps)
+  logging.info("feature stats (mean, std): %s", {k: tuple(round(x, 4) for x in v)
+                                                 for k, v in info.feature_stats.items()})
   ppo_cfg = ppo.PPOConfig(**config.ppo.to_dict())
   credit = mp.CreditConfig(**config.credit.to_dict())
   methods = [m.strip() for m in config.methods.split(",") if m.strip()]

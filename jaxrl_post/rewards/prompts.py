@@ -14,6 +14,7 @@ Replies are asked for as one fenced ```json or ```python block, parsed by `extra
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from typing import Any, Mapping, Sequence
@@ -188,16 +189,34 @@ def render(template: str, **values: Any) -> str:
 
 
 def format_features(feature_spec: Mapping[str, Sequence[int]],
-                    feature_docs: Mapping[str, str] | None = None) -> str:
-  docs = feature_docs or {}
-  return "\n".join(f"  - {name}: {tuple(shape)} — {docs.get(name, '')}".rstrip(" —")
-                   for name, shape in feature_spec.items())
+                    feature_docs: Mapping[str, str] | None = None,
+                    feature_stats: Mapping[str, Sequence[float]] | None = None) -> str:
+  """One line per feature: `name: shape — doc (typical value mean ± std ...)`.
+
+  Args:
+    feature_spec: feature name → per-sample shape.
+    feature_docs: feature name → meaning and units.
+    feature_stats: feature name → (mean, std) of the feature under random actions (a scalar
+      summary: vector features give the mean over components); non-finite entries are left out.
+  """
+  docs, stats = feature_docs or {}, feature_stats or {}
+  lines = []
+  for name, shape in feature_spec.items():
+    text = docs.get(name, "")
+    st = stats.get(name)
+    if st is not None and all(math.isfinite(float(x)) for x in st):
+      per = " per component" if tuple(shape) else ""
+      typical = f"(typical value{per} {float(st[0]):.3g} ± {float(st[1]):.3g} under random actions)"
+      text = f"{text} {typical}" if text else typical
+    lines.append(f"  - {name}: {tuple(shape)} — {text}".rstrip(" —"))
+  return "\n".join(lines)
 
 
 def contract(feature_spec: Mapping[str, Sequence[int]],
-             feature_docs: Mapping[str, str] | None = None) -> str:
+             feature_docs: Mapping[str, str] | None = None,
+             feature_stats: Mapping[str, Sequence[float]] | None = None) -> str:
   return render(MODULE_CONTRACT, jnp_functions=", ".join(sorted(module_code.ALLOWED_JNP)),
-                features=format_features(feature_spec, feature_docs))
+                features=format_features(feature_spec, feature_docs, feature_stats))
 
 
 _FENCE = re.compile(r"```([a-zA-Z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)

@@ -41,11 +41,16 @@ class TaskInfo:
     environment: the environment (dynamics, episode structure), in words.
     feature_spec: feature name → per-sample shape, the inputs of every module.
     feature_docs: feature name → meaning and units.
+    feature_stats: feature name → (mean, std), the feature's typical value and spread (e.g.
+      under random actions, `rl_control.adapter.feature_statistics`), what a reader of the
+      docs would know about its scale. Vector features: the mean over components of the
+      per-component mean / std. Optional (empty: scales unknown).
   """
   task: str
   environment: str
   feature_spec: Mapping[str, tuple[int, ...]]
   feature_docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  feature_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
 class Proposer(Protocol):
@@ -65,6 +70,14 @@ class Proposer(Protocol):
   def propose_weights(self, info: TaskInfo, pool: Pool, reflection: str, *, iteration: int,
                       variant: int, k: int) -> dict[str, float]:
     """Module selection and weights (unselected modules may be left out): the LLM credit."""
+
+
+def _features_text(info: TaskInfo) -> str:
+  return prompts.format_features(info.feature_spec, info.feature_docs, info.feature_stats)
+
+
+def _contract(info: TaskInfo) -> str:
+  return prompts.contract(info.feature_spec, info.feature_docs, info.feature_stats)
 
 
 def feedback_kind(state: PoolState) -> str:
@@ -173,7 +186,7 @@ class LLMProposer:
                        temperature=t)
       env = self._ask(prompts.render(
           prompts.ENVIRONMENT_REFLECTION, environment=info.environment, max_words=w,
-          features=prompts.format_features(info.feature_spec, info.feature_docs)), temperature=t)
+          features=_features_text(info)), temperature=t)
       return f"Task reflection:\n{task.strip()}\n\nEnvironment reflection:\n{env.strip()}"
     kind = feedback_kind(state)
     return self._ask(prompts.render(prompts.FEEDBACK_REFLECTION[kind], task=info.task,
@@ -181,7 +194,7 @@ class LLMProposer:
                                     max_words=w), temperature=t).strip()
 
   def _code(self, info, reflection, *, name, description, current=None) -> str:
-    c = prompts.contract(info.feature_spec, info.feature_docs)
+    c = _contract(info)
     if current is None:
       prompt = prompts.render(prompts.MODULE_CODE, task=info.task, reflection=reflection,
                               contract=c, name=name, description=description)
@@ -195,7 +208,7 @@ class LLMProposer:
     cfg = self.config
     reply = self._ask_json(prompts.render(
         prompts.INIT_SPECS, task=info.task, reflection=reflection,
-        contract=prompts.contract(info.feature_spec, info.feature_docs), variant=variant + 1,
+        contract=_contract(info), variant=variant + 1,
         num_variants=num_variants, min_modules=cfg.min_modules, max_modules=cfg.max_modules))
     specs = reply.get("modules")
     if not isinstance(specs, list) or not specs:
@@ -214,7 +227,7 @@ class LLMProposer:
     cfg = self.config
     reply = self._ask_json(prompts.render(
         prompts.IMPROVE_PLAN, task=info.task, reflection=reflection, pool=format_pool(pool),
-        contract=prompts.contract(info.feature_spec, info.feature_docs), variant=variant + 1,
+        contract=_contract(info), variant=variant + 1,
         num_variants=num_variants, max_ops=cfg.max_ops))
     raw_ops = reply.get("ops")
     if not isinstance(raw_ops, list):
@@ -269,20 +282,68 @@ def _clean_name(name) -> str:
 # Offline proposer.
 # ---------------------------------------------------------------------------------------------
 
-# (suffix, description, code body) with {f} the feature, {a} a positive scale, {b} a target.
+# (suffix, description, code body, power) with {f} the feature, {b} a target and {a} a positive
+# constant. `power` says how {a} scales with the feature: 1 for a length (|x - b| / a), 2 for a
+# squared length (x² / a). Penalties (≤ 0) and bounded bonuses (in [0, 1]) are both in the
+# library, so which modules help is not given away: the credit assignment still has to find out.
 _SCALAR_TEMPLATES = (
-    ("up", "saturating reward for increasing {f}", "jnp.tanh(f[\"{f}\"] / {a})"),
-    ("track", "penalty on the distance of {f} from {b}", "-jnp.abs(f[\"{f}\"] - {b}) / {a}"),
+    ("up", "saturating reward for increasing {f}", "jnp.tanh(f[\"{f}\"] / {a})", 1),
+    ("track", "penalty on the distance of {f} from {b}", "-jnp.abs(f[\"{f}\"] - {b}) / {a}", 1),
     ("gauss", "Gaussian bonus for {f} near {b}",
-     "jnp.exp(-jnp.square(f[\"{f}\"] - {b}) / {a})"),
-    ("small", "quadratic penalty on {f}", "-jnp.square(f[\"{f}\"]) / {a}"),
+     "jnp.exp(-jnp.square(f[\"{f}\"] - {b}) / {a})", 2),
+    ("small", "quadratic penalty on {f}", "-jnp.square(f[\"{f}\"]) / {a}", 2),
+    ("band", "bonus for {f} within {a} of {b}",
+     "jnp.clip(1.0 - jnp.abs(f[\"{f}\"] - {b}) / {a}, 0.0, 1.0)", 1),
 )
 _VECTOR_TEMPLATES = (
-    ("norm", "penalty on the norm of {f}", "-jnp.linalg.norm(f[\"{f}\"], axis=-1) / {a}"),
-    ("energy", "quadratic penalty on {f}", "-jnp.sum(jnp.square(f[\"{f}\"]), axis=-1) / {a}"),
+    ("norm", "penalty on the norm of {f}", "-jnp.linalg.norm(f[\"{f}\"], axis=-1) / {a}", 1),
+    ("energy", "quadratic penalty on {f}", "-jnp.sum(jnp.square(f[\"{f}\"]), axis=-1) / {a}", 2),
     ("near", "Gaussian bonus for {f} near zero",
-     "jnp.exp(-jnp.sum(jnp.square(f[\"{f}\"]), axis=-1) / {a})"),
+     "jnp.exp(-jnp.sum(jnp.square(f[\"{f}\"]), axis=-1) / {a})", 2),
+    ("band", "bonus for the norm of {f} below {a}",
+     "jnp.clip(1.0 - jnp.linalg.norm(f[\"{f}\"], axis=-1) / {a}, 0.0, 1.0)", 1),
 )
+# Scale-aware draws: the length scale is the feature's std (floored) times log-normal(0, σ_a),
+# the target its mean plus std · N(0, σ_b).
+_SCALE_SIGMA = 0.5
+_TARGET_SIGMA = 0.5
+_MIN_SCALE = 1e-3
+
+
+def render_template(template, feature: str, a: float, b: float) -> tuple[str, str, str]:
+  """(name, description, code) of one library template for `feature` with constants a, b."""
+  suffix, desc, body, _ = template
+  fname = _clean_name(f"{feature}_{suffix}")
+  text = desc.format(f=feature, a=a, b=b)
+  expr = body.format(f=feature, a=a, b=b).replace(" - -", " + ")  # x - -0.2 → x + 0.2
+  code = f"def {fname}(f):\n  \"\"\"{text}.\"\"\"\n  return {expr}\n"
+  return fname, text, code
+
+
+def _sig(x: float, digits: int = 3) -> float:
+  """`x` rounded to `digits` significant digits (a short literal in module code)."""
+  return float(f"{x:.{digits}g}")
+
+
+def feature_scale(stats, shape: Sequence[int]) -> tuple[float, float] | None:
+  """(length scale, centre) of a feature from its (mean, std) summary; None if unusable.
+
+  Scalars: the std, or |mean| (at least `_MIN_SCALE`) for a (near-)constant feature; centre the
+  mean. Vectors: the typical norm sqrt(d (mean² + std²)) of its d components; centre 0.
+  """
+  if stats is None:
+    return None
+  try:
+    mean, std = (float(x) for x in stats)
+  except (TypeError, ValueError):
+    return None
+  if not (math.isfinite(mean) and math.isfinite(std)):
+    return None
+  std = abs(std)
+  if tuple(shape):
+    d = int(np.prod(tuple(shape)))
+    return max(math.sqrt(d * (mean * mean + std * std)), _MIN_SCALE), 0.0
+  return (std if std >= _MIN_SCALE else max(abs(mean), _MIN_SCALE)), mean
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -316,22 +377,36 @@ class OfflineProposer:
   def reflect(self, info: TaskInfo, state: PoolState, *, iteration: int) -> str:
     if iteration <= 1 or not state.history:
       return (f"Task: {info.task}\nEnvironment: {info.environment}\nFeatures:\n"
-              + prompts.format_features(info.feature_spec, info.feature_docs))
+              + _features_text(info))
     return f"[{feedback_kind(state)}]\n" + format_feedback(state)
 
   def _draw_module(self, info: TaskInfo, rng: np.random.Generator, *, feature: str | None = None,
                    avoid: str | None = None) -> tuple[str, str, str]:
+    """One templated module: (name, description, code).
+
+    With `info.feature_stats` for the feature, constants follow its scale: a length
+    L = scale · lognormal(0, 0.5) (the constant is L or L² as the template needs) and a target
+    b = mean + std · N(0, 0.5) (see `feature_scale`). Without, the scale-blind draws of the
+    original library: constant exp(N(0, 0.7)), target N(0, 1).
+    """
     names = list(info.feature_spec)
     f = feature if feature is not None else names[int(rng.integers(len(names)))]
-    templates = _VECTOR_TEMPLATES if info.feature_spec[f] else _SCALAR_TEMPLATES
+    shape = tuple(info.feature_spec[f])
+    templates = _VECTOR_TEMPLATES if shape else _SCALAR_TEMPLATES
     choices = [t for t in templates if t[0] != avoid] or list(templates)
-    suffix, desc, body = choices[int(rng.integers(len(choices)))]
-    a = float(np.round(np.exp(rng.normal(0.0, 0.7)), 3))
-    b = float(np.round(rng.normal(0.0, 1.0), 3))
-    fname = _clean_name(f"{f}_{suffix}")
-    code = f"def {fname}(f):\n  \"\"\"{desc.format(f=f, b=b)}.\"\"\"\n  return " + body.format(
-        f=f, a=a, b=b) + "\n"
-    return fname, desc.format(f=f, b=b), code
+    suffix, desc, body, power = choices[int(rng.integers(len(choices)))]
+    scale = feature_scale((info.feature_stats or {}).get(f), shape)
+    if scale is None:
+      a = float(np.round(np.exp(rng.normal(0.0, 0.7)), 3))
+      b = float(np.round(rng.normal(0.0, 1.0), 3))
+    else:
+      length, centre = scale
+      a = _sig((length * np.exp(rng.normal(0.0, _SCALE_SIGMA))) ** power)
+      spread = 0.0 if shape else abs(float(info.feature_stats[f][1]))
+      b = centre + spread * rng.normal(0.0, _TARGET_SIGMA)
+      decimals = max(0, 2 - math.floor(math.log10(length)))  # ~3 digits at the feature's scale.
+      b = float(f"{b:.{decimals}f}") + 0.0  # + 0.0: no "-0.0" in the code.
+    return render_template((suffix, desc, body, power), f, a, b)
 
   def init_pool(self, info: TaskInfo, reflection: str, *, iteration: int, variant: int,
                 num_variants: int) -> ImprovePlan:
@@ -407,7 +482,11 @@ class OfflineProposer:
 
 
 def _perturb_constants(code: str, rng: np.random.Generator, scale: float) -> str:
-  """Multiplies every float constant outside indices by a log-normal factor."""
+  """Multiplies every float constant outside indices by a log-normal factor.
+
+  Results keep 4 significant digits (not decimals: a constant of a feature whose scale is 0.01
+  must not round to 0).
+  """
   tree = ast.parse(code)
 
   class Mutate(ast.NodeTransformer):
@@ -422,7 +501,7 @@ def _perturb_constants(code: str, rng: np.random.Generator, scale: float) -> str
     def visit_Constant(self, node):
       if isinstance(node.value, float):
         return ast.copy_location(
-            ast.Constant(float(np.round(node.value * np.exp(rng.normal(0.0, scale)), 4))), node)
+            ast.Constant(_sig(node.value * np.exp(rng.normal(0.0, scale)), 4)), node)
       return node
 
   return ast.unparse(ast.fix_missing_locations(Mutate().visit(tree))) + "\n"

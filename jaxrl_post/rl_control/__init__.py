@@ -9,5 +9,6 @@ Submodules (import them directly):
 * `ppo`: `make_train(config, task, ...)`, a purejaxrl-shaped, jittable, seed-`vmap`-able PPO that
   learns from a shaped reward and reports the task's true fitness separately.
 * `adapter`: `make_train_fn`, the `train_fn(RewardCandidate) -> TrainResult` that
-  `rewards.evolution.evolve` drives; plus the baseline proposers (monolithic, no-pool).
+  `rewards.evolution.evolve` drives; `feature_statistics` / `loop_task_info`, the features'
+  typical scales for the proposer; plus the baseline proposers (monolithic, no-pool).
 """

@@ -13,6 +13,9 @@ so the correlation credit compares each module's curve with the *fitness* curve,
 the shaped reward. All candidates share the same seeds (common random numbers), so score
 differences come from the rewards, not the seeds.
 
+`loop_task_info(task)` is the `TaskInfo` the loop's proposer gets: the task's text and features
+plus each feature's typical (mean, std) from a random-action rollout (`feature_statistics`).
+
 Baselines (the ablations of MLREF, arXiv 2608.18827, §5), as proposer wrappers:
 
 * `MonolithicProposer`: one module, the whole reward function, rewritten every iteration
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 from typing import Callable
 
+import jax
 import numpy as np
 
 from jaxrl_post.rewards import module_pool as mp
@@ -86,6 +91,72 @@ def env_reward_baseline(task: ControlTask, config: ppo.PPOConfig, seeds, *,
   per_seed = m["fitness"][:, -w:].mean(1)
   return {"score": float(per_seed.mean()), "per_seed_score": per_seed,
           "performance": m["fitness"].mean(0)}
+
+
+def feature_statistics(task: ControlTask, rng, *, num_envs: int = 16, num_steps: int = 128,
+                       env_params=None) -> dict[str, tuple[float, float]]:
+  """Typical value and spread of each reward feature under uniformly random actions.
+
+  Steps `num_envs` environments for `num_steps` steps as PPO does (`ppo.batched_env`, auto-reset,
+  features of the terminal next state) with actions uniform over the action space (discrete:
+  each action equally likely; continuous: U[−action_scale, action_scale] per dimension). This is
+  the scale information a reader of the feature docs has ("theta is within ±0.21 rad"), measured
+  instead of read, for `TaskInfo.feature_stats`.
+
+  Args:
+    task: `ControlTask`.
+    rng: JAX PRNG key.
+    num_envs / num_steps: size of the rollout (num_envs · num_steps transitions).
+    env_params: gymnax parameters (default: `task.env_params`).
+
+  Returns:
+    feature name → (mean, std) over all transitions, as Python floats; for a vector feature
+    the mean over components of the per-component mean and std. Features with non-finite
+    statistics are left out.
+  """
+  env_params = task.env_params if env_params is None else env_params
+  v_reset, v_step = ppo.batched_env(task)
+
+  def rollout(rng):
+    rng, k_reset = jax.random.split(rng)
+    obs, env_state = v_reset(jax.random.split(k_reset, num_envs), env_params)
+
+    def step(carry, _):
+      obs, env_state, rng = carry
+      rng, k_act, k_env = jax.random.split(rng, 3)
+      if task.discrete:
+        action = jax.random.randint(k_act, (num_envs,), 0, task.action_dim)
+      else:
+        action = jax.random.uniform(k_act, (num_envs, task.action_dim), minval=-task.action_scale,
+                                    maxval=task.action_scale)
+      act = ppo.env_action(task, action)
+      next_obs, env_state, _, term, _, info = v_step(
+          jax.random.split(k_env, num_envs), env_state, act, env_params)
+      feats = ppo.transition_features(task, obs, act, info, term)
+      return (next_obs, env_state, rng), {k: feats[k] for k in task.feature_spec}
+
+    _, feats = jax.lax.scan(step, (obs, env_state, rng), None, num_steps)
+    return feats
+
+  feats = jax.device_get(jax.jit(rollout)(rng))
+  out = {}
+  for name in task.feature_spec:
+    x = np.asarray(feats[name], np.float64).reshape(num_steps * num_envs, -1)  # [N, d]
+    mean, std = float(x.mean(0).mean()), float(x.std(0).mean())
+    if math.isfinite(mean) and math.isfinite(std):
+      out[name] = (mean, std)
+  return out
+
+
+def loop_task_info(task: ControlTask, *, seed: int = 0, num_envs: int = 16,
+                   num_steps: int = 128) -> TaskInfo:
+  """The `TaskInfo` the MLREF loop hands its proposer: `task.task_info()` with the features'
+  typical scales (`feature_statistics`, PRNG seed `seed`); `num_steps=0` leaves them out."""
+  if num_steps <= 0 or num_envs <= 0:
+    return task.task_info()
+  stats = feature_statistics(task, jax.random.PRNGKey(seed), num_envs=num_envs,
+                             num_steps=num_steps)
+  return task.task_info(feature_stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,9 +69,12 @@ class ControlTask:
   task: str
   environment: str
 
-  def task_info(self) -> TaskInfo:
+  def task_info(self, feature_stats: Mapping[str, tuple[float, float]] | None = None
+                ) -> TaskInfo:
+    """What the proposer sees; `feature_stats` e.g. from `adapter.feature_statistics`."""
     return TaskInfo(task=self.task, environment=self.environment,
-                    feature_spec=dict(self.feature_spec), feature_docs=dict(self.feature_docs))
+                    feature_spec=dict(self.feature_spec), feature_docs=dict(self.feature_docs),
+                    feature_stats=dict(feature_stats or {}))
 
 
 def _cartpole_features(obs, action, next_obs, terminated):

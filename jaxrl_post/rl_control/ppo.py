@@ -175,6 +175,36 @@ def gae(values, rewards, dones, last_value, *, gamma: float, lam: float):
   return adv, adv + values
 
 
+def batched_env(task: ControlTask):
+  """`(reset, step)` of `task.env` vmapped over environments.
+
+  `reset(keys [B], params) -> (obs [B, O], state)`; `step(keys [B], state, env_action, params)
+  -> (next_obs, state, reward [B], terminated [B], truncated [B], info)` with gymnax's
+  auto-reset (`info["final_observation"]` holds the terminal observation).
+  """
+  return (jax.vmap(task.env.reset, in_axes=(0, None)),
+          jax.vmap(task.env.step, in_axes=(0, 0, 0, None)))
+
+
+def env_action(task: ControlTask, action):
+  """The action the environment receives: continuous actions clipped to ±`action_scale`."""
+  return action if task.discrete else jnp.clip(action, -task.action_scale, task.action_scale)
+
+
+def transition_features(task: ControlTask, obs, action, info, terminated) -> dict:
+  """Reward features of a batch of transitions, from the *terminal* next state.
+
+  Args:
+    task: `ControlTask`.
+    obs: `[B, O]` raw observations s_t.
+    action: `[B]` | `[B, A]` env action (see `env_action`).
+    info: the `info` of the vectorised step (its `final_observation` is s_{t+1} before any
+      auto-reset).
+    terminated: `[B]` bool.
+  """
+  return task.features(obs, action, info["final_observation"], terminated)
+
+
 def _fill_leading_nan(x):
   """Replaces the NaNs before the first finite entry of `[U]` by that entry."""
   ok = jnp.isfinite(x)
@@ -208,7 +238,6 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
     `normalization.RunningMeanStd` (`[O]` mean / var), without which `params` cannot be
     evaluated (the policy's input is `normalization.normalize(obs_norm, obs)`).
   """
-  env = task.env
   env_params = task.env_params if env_params is None else env_params
   cfg = config
   num_updates = cfg.num_updates
@@ -218,8 +247,7 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
   if batch % cfg.num_minibatches:
     raise ValueError("num_envs * num_steps must be divisible by num_minibatches")
   net = ActorCritic(task.action_dim, task.discrete, cfg.hidden, cfg.activation)
-  v_reset = jax.vmap(env.reset, in_axes=(0, None))
-  v_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+  v_reset, v_step = batched_env(task)
 
   def lr_schedule(count):
     frac = 1.0 - (count // (cfg.num_minibatches * cfg.update_epochs)) / num_updates
@@ -250,10 +278,9 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
       pi, value = net.apply(params, pi_obs)
       action = sample_action(k_act, pi, task.discrete)
       logp = log_prob(pi, action, task.discrete)
-      env_action = action if task.discrete else jnp.clip(action, -task.action_scale,
-                                                         task.action_scale)
+      act = env_action(task, action)
       next_obs, env_state, env_r, term, trunc, info = v_step(
-          jax.random.split(k_env, cfg.num_envs), env_state, env_action, env_params)
+          jax.random.split(k_env, cfg.num_envs), env_state, act, env_params)
       env_r = env_r.astype(jnp.float32)
       done = jnp.logical_or(term, trunc)
       if reward_fn is None:
@@ -262,7 +289,7 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
         bad = jnp.zeros((0,), jnp.int32)
       else:
         # Features of the *terminal* next state, not of the auto-reset one.
-        feats = task.features(obs, env_action, info["final_observation"], term)  # Raw obs.
+        feats = transition_features(task, obs, act, info, term)  # Raw obs.
         out = reward_fn(feats, weights)
         r, terms, bad = out.reward, jnp.mean(out.terms, axis=-1), out.nonfinite
       # Fitness: the raw env reward of the policy being trained (it acts on normalised obs), so

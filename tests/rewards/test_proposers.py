@@ -119,3 +119,116 @@ def test_prompt_helpers():
   with pytest.raises(KeyError):
     prompts.render(prompts.TASK_REFLECTION, task="t")
   assert "jnp.linalg.norm" in prompts.contract(FEATURES)
+
+
+# Scale-aware offline proposer: features of CartPole-like scales.
+STATS = {"v": (0.01, 0.05), "a": (0.0, 0.05)}
+INFO_STATS = pr.TaskInfo(task="Run forward fast.", environment="A toy runner.",
+                         feature_spec=FEATURES, feature_docs={"v": "forward speed (m/s)"},
+                         feature_stats=STATS)
+_POWER = {t[0]: t[3] for t in pr._SCALAR_TEMPLATES}
+
+
+def _constants(code):
+  """(a, b) of a scalar template's code: the divisor after '/ ' and the target after 'f[..] -'."""
+  import re
+
+  a = float(re.search(r"/ ([0-9.e+-]+)", code).group(1))
+  m = re.search(r'f\["v"\] ([-+]) ([0-9.e+-]+)', code)
+  b = None if m is None else float(m.group(2)) * (-1.0 if m.group(1) == "+" else 1.0)
+  return a, b
+
+
+def test_offline_constants_follow_the_feature_scale():
+  import numpy as np
+
+  prop = pr.OfflineProposer()
+  lengths, targets = [], []
+  for i in range(200):
+    name, _, code = prop._draw_module(INFO_STATS, np.random.default_rng(i), feature="v")
+    a, b = _constants(code)
+    lengths.append(a ** (1.0 / _POWER[name.rsplit("_", 1)[-1]]))  # a = L or L².
+    if b is not None:
+      targets.append(b)
+  lengths, targets = np.array(lengths), np.array(targets)
+  # L = 0.05 · lognormal(0, 0.5): of the order of the std, not of 1.
+  assert 0.03 < np.exp(np.mean(np.log(lengths))) < 0.08
+  assert np.all((lengths > 0.05 * np.exp(-2.5)) & (lengths < 0.05 * np.exp(2.5)))
+  # b = 0.01 + 0.05 · N(0, 0.5).
+  assert len(targets) > 20 and np.all(np.abs(targets - 0.01) < 0.125)
+  assert abs(np.median(targets) - 0.01) < 0.02
+  # Without stats: the scale-blind draws (constants around 1).
+  blind = [_constants(prop._draw_module(INFO, np.random.default_rng(i), feature="v")[2])[0]
+           for i in range(200)]
+  assert 0.5 < np.exp(np.mean(np.log(blind))) < 2.0
+
+
+def test_offline_scale_aware_is_deterministic_and_valid():
+  prop = pr.OfflineProposer(pr.OfflineProposerConfig(seed=5))
+  plan = prop.init_pool(INFO_STATS, "r", iteration=1, variant=0, num_variants=2)
+  assert plan == prop.init_pool(INFO_STATS, "r", iteration=1, variant=0, num_variants=2)
+  assert plan != prop.init_pool(INFO_STATS, "r", iteration=1, variant=1, num_variants=2)
+  assert plan != prop.init_pool(INFO, "r", iteration=1, variant=0, num_variants=2)
+  pool, _, rejected = mp.apply_plan(mp.Pool(), plan, accept=lambda c: (True, "", "ok"),
+                                    iteration=1, variant=0)
+  assert not rejected
+  state = mp.PoolState(iteration=1, pool=pool)
+  for v in range(4):
+    improve = prop.improve_pool(INFO_STATS, pool, "r", state, iteration=2, variant=v,
+                                num_variants=4)
+    assert improve == prop.improve_pool(INFO_STATS, pool, "r", state, iteration=2, variant=v,
+                                        num_variants=4)
+    for op in improve.ops:
+      if op.code:
+        assert module_code.validate_module_code(op.code, FEATURES).function_name == op.name
+
+
+def _all_template_codes():
+  """Every library template on every feature, with scale-blind and scale-aware constants."""
+  codes = []
+  for f, shape in FEATURES.items():
+    templates = pr._VECTOR_TEMPLATES if shape else pr._SCALAR_TEMPLATES
+    length, centre = pr.feature_scale(STATS[f], shape)
+    for t in templates:
+      for a, b in [(0.5, -0.3), (pr._sig(length ** t[3]), centre), (1e-3, 0.0)]:
+        codes.append(pr.render_template(t, f, a, b)[2])
+  return codes
+
+
+def test_every_template_is_allowed_and_finite():
+  import jax.numpy as jnp
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  samples = [{k: jnp.asarray(scale * rng.standard_normal((64,) + s), jnp.float32)
+              for k, s in FEATURES.items()} for scale in (0.05, 1.0, 100.0)]
+  samples.append({k: jnp.zeros((64,) + s, jnp.float32) for k, s in FEATURES.items()})
+  codes = _all_template_codes()
+  assert len(codes) == 3 * (len(pr._SCALAR_TEMPLATES) + len(pr._VECTOR_TEMPLATES))
+  for code in codes:
+    info = module_code.validate_module_code(code, FEATURES)
+    fn = module_code.compile_module(code, FEATURES)
+    for feats in samples:
+      out = np.asarray(fn(feats))
+      assert out.shape == (64,) and np.all(np.isfinite(out)), code
+      if info.function_name.endswith("_band"):  # Bounded, non-negative bonus.
+        assert np.all((out >= 0.0) & (out <= 1.0)), code
+
+
+def test_every_template_passes_the_sandbox(sandbox_root):
+  from jaxrl_post.rewards import sandbox as sb
+
+  codes = _all_template_codes()
+  verdicts = sb.vet_modules(codes, FEATURES, config=sb.VetConfig(root=sandbox_root,
+                                                                 per_module_s=10))
+  assert all(v.ok for v in verdicts), [(c, v) for c, v in zip(codes, verdicts) if not v.ok]
+
+
+def test_stats_in_prompts():
+  text = prompts.format_features(FEATURES, {"v": "forward speed (m/s)"}, STATS)
+  assert "v: () — forward speed (m/s) (typical value 0.01 ± 0.05 under random actions)" in text
+  assert "a: (2,) — (typical value per component 0 ± 0.05 under random actions)" in text
+  assert prompts.format_features(FEATURES, {"v": "x"}, {"v": (float("nan"), 1.0)}) == (
+      "  - v: () — x\n  - a: (2,)")
+  assert "typical value 0.01 ± 0.05" in prompts.contract(FEATURES, None, STATS)
+  assert "typical value" in pr.OfflineProposer().reflect(INFO_STATS, mp.PoolState(), iteration=1)

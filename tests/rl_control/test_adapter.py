@@ -76,3 +76,30 @@ def test_baseline_proposers():
 
   c = adapter.llm_weights_only(mp.CreditConfig())
   assert c.w_llm == 1.0 and c.gamma == 0.0
+
+
+def test_feature_statistics_cartpole():
+  import jax
+
+  stats = adapter.feature_statistics(TASK, jax.random.PRNGKey(0), num_envs=8, num_steps=64)
+  assert set(stats) == set(TASK.feature_spec)
+  assert all(np.isfinite(m) and np.isfinite(s) and s >= 0 for m, s in stats.values())
+  assert 0.0 < stats["theta"][1] < 0.2  # Terminates at |theta| > 0.21.
+  assert 0.8 < stats["alive"][0] <= 1.0  # Random episodes last ~20 steps.
+  assert abs(stats["push"][0]) < 0.2 and 0.9 < stats["push"][1] <= 1.0  # Uniform ±1.
+
+
+def test_loop_task_info_carries_stats_for_the_proposer():
+  info = adapter.loop_task_info(TASK, num_envs=4, num_steps=32)
+  assert set(info.feature_stats) == set(TASK.feature_spec)
+  assert info.feature_spec == dict(TASK.feature_spec) and info.task == TASK.task
+  assert adapter.loop_task_info(TASK, num_steps=0).feature_stats == {}
+  # The offline proposer's modules on these scales are valid and finite on real features.
+  plan = OfflineProposer(OfflineProposerConfig(seed=0)).init_pool(info, "", iteration=1,
+                                                                  variant=0, num_variants=1)
+  mods = [mp.ModuleSpec(name=o.name, description=o.description, code=o.code) for o in plan.ops]
+  for m in mods:
+    module_code.validate_module_code(m.code, TASK.feature_spec.keys())
+  feats = {k: np.full((5,), v[0], np.float32) for k, v in info.feature_stats.items()}
+  out = mp.build_reward_fn(mods, TASK.feature_spec)(feats, np.ones(len(mods), np.float32))
+  assert np.all(np.isfinite(out.reward))
