@@ -67,7 +67,8 @@ def test_summarize_tabulates_mean_and_std_over_seeds(tmp_path):
   cost = tables[5].splitlines()
   assert cost[2] == "| 2 | 1k tok, 2.0 min, ratio 0.550 | 1k tok, 2.0 min, ratio 0.550 |"
   gain = tables[7].splitlines()
-  assert gain[0] == "| K | vs flat_grpo |" and gain[2] == "| 2 | +150.0 % |"  # 0.625 / 0.25 − 1
+  # Start (sampled) 0.1: (0.625 − 0.25) / 0.1 and 0.625 / 0.25 − 1.
+  assert gain[0] == "| K | vs flat_grpo |" and gain[2] == "| 2 | +375.0 % / +150.0 % |"
   assert (tmp_path / "success_vs_horizon.png").stat().st_size > 0
   with pytest.raises(ValueError, match="no finished runs"):
     SCRIPT.summarize(tmp_path / "empty")
