@@ -26,6 +26,7 @@ def test_stability_counts_drops_and_new_bests():
   assert s["drop_rate"] == pytest.approx(1 / 4)
   assert s["new_best_rate"] == pytest.approx(3 / 4)
   assert s["round_std"] == pytest.approx(np.mean([np.std([1, 2, 3]), np.std([5, 1, 6])]))
+  np.testing.assert_allclose(s["late"], [2.5, 3.5])  # Rounds 2-3 of each pipeline.
 
 
 def test_tables_and_plot_from_fitness_jsonl(tmp_path):
@@ -46,6 +47,8 @@ def test_tables_and_plot_from_fitness_jsonl(tmp_path):
   assert best_row == "| MLREF (pool + hybrid credit) | 11.0 ± 1.0 | 35.0 ± 5.0 | 40.0 ± 10.0 |"
   assert "| PPO on the env reward (reference) | 300.5 ± 0.5 | – | – |" in text
   assert "| MLREF (pool + hybrid credit) | 2 | " in text and "| 30.0, 50.0 |" in text
+  assert "| 35.0 ± 10.0 | 30.0, 50.0 |" in text  # Late rounds: (30 + 20) / 2, (40 + 50) / 2.
+  assert "| PPO on the env reward (reference) | 2 | – | – | – | – | 300.0, 301.0 |" in text
   SCRIPT.plot(results, tmp_path / "p.png")
   assert (tmp_path / "p.png").stat().st_size > 0
   (tmp_path / "empty").mkdir()
