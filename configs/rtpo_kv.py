@@ -32,7 +32,10 @@ lr 1e-4): sampled success after RL flat GRPO 0.80, turn GRPO 0.81, RTPO 0.80, al
 ±0.05 noise of 64 episodes, so no method separated at this budget. The consistency ratio was
 1.000 for turn GRPO and RTPO and 0.71-0.83 (mean 0.77) for flat GRPO, whose training re-reads
 the history ψ cut from the rollout's contexts. With lr 1e-3 both RTPO and flat GRPO collapsed
-to 0. The grid itself has not been run.
+to 0. The grid (shared cold start per seed, K = 2, 4, 6, 8, 3 seeds; `--init_from` of
+scripts/rtpo_horizon.py) is in docs/results.md ("RTPO"): flat GRPO's consistency ratio falls
+to 0.52 at K = 8 and its sampled success to half the cold start's; turn GRPO and RTPO stay at
+ratio 1.000 and at the cold start's success.
 
 Variants (after the colon): `method=sft|flat_grpo|turn_grpo|rtpo`, `horizon=K`, `seed=<n>`,
 `model=<preset>` (default `tiny`), `steps=<n>`, `budget=<tokens>` (−1: the per-K default,
