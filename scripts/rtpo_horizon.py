@@ -92,15 +92,18 @@ def _final(workdir: Path) -> dict | None:
           "wall": max((r.get("time/wall", 0.0) for r in records), default=0.0)}
 
 
-def _mean_std(runs, key) -> str:
+def _finite(runs, key) -> np.ndarray:
   values = np.array([r[key] for r in runs], dtype=float)
-  values = values[np.isfinite(values)]
+  return values[np.isfinite(values)]
+
+
+def _mean_std(runs, key) -> str:
+  values = _finite(runs, key)
   return f"{values.mean():.3f} ± {values.std():.3f}" if len(values) else "–"
 
 
 def _mean(runs, key) -> float:
-  values = np.array([r[key] for r in runs], dtype=float)
-  values = values[np.isfinite(values)]
+  values = _finite(runs, key)
   return float(values.mean()) if len(values) else float("nan")
 
 
