@@ -170,10 +170,11 @@ def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> 
   b, cache_len = _SAMPLE_BATCH.value, _PROMPT_LEN.value + _MAX_NEW.value
   model = nnx.merge(graphdef, abstract_params)
   abstract_cache = jax.eval_shape(lambda: model.init_cache(b, cache_len))
-  kv_axes = (axes.BATCH, axes.KV_HEADS, axes.CACHE_LENGTH, axes.HEAD_DIM)
-  kv = lambda a: logical_sharding(kv_axes, mesh, rules, a.shape)  # noqa: E731
-  cache_shardings = type(abstract_cache)(
-    k=tuple(map(kv, abstract_cache.k)), v=tuple(map(kv, abstract_cache.v)),
+  cache_type = type(abstract_cache)
+  sharded = lambda names: lambda a: logical_sharding(names, mesh, rules, a.shape)  # noqa: E731
+  cache_shardings = cache_type(
+    k=tuple(map(sharded(cache_type.K_AXES), abstract_cache.k)),
+    v=tuple(map(sharded(cache_type.V_AXES), abstract_cache.v)),
     mask=logical_sharding((axes.BATCH, axes.CACHE_LENGTH), mesh, rules, (b, cache_len)),
     index=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   cache = _abstract(abstract_cache, cache_shardings)

@@ -9,7 +9,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_post import parallel
-from jaxrl_post.models import CausalLM, ModelConfig, default_positions, get_model_config
+from jaxrl_post.models import (
+  CausalLM,
+  ModelConfig,
+  default_positions,
+  get_model_config,
+  transformer,
+)
 from jaxrl_post.models.configs import MODEL_PRESETS
 
 FAMILY_OVERRIDES = {
@@ -101,6 +107,29 @@ def test_attention_paths_agree(family):
   plain = _forward(_model(family, attention_impl="plain"), tokens, mask)
   valid = np.asarray(mask)
   np.testing.assert_allclose(np.asarray(xla)[valid], np.asarray(plain)[valid], atol=1e-5)
+
+
+@pytest.mark.parametrize("time", [1, 5])
+def test_cached_attention_on_transposed_keys_equals_plain(time):
+  """The decode kernel (keys stored [b, kv, h, s]) against the reference path, with GQA."""
+  rng = np.random.RandomState(time)
+  b, n, kv, h, s = 3, 6, 2, 8, 11
+  q = jnp.asarray(rng.randn(b, time, n, h), jnp.float32)
+  k = jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
+  v = jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
+  mask = jnp.asarray(rng.rand(b, time, s) < 0.7).at[:, :, 0].set(True)
+  want = transformer.plain_attention(q, k, v, mask, h**-0.5)
+  got = transformer.cached_attention(q, k.swapaxes(2, 3), v, mask, h**-0.5)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_cache_layout_keys_transposed():
+  model = _model("qwen3")  # head_dim 24
+  cache = model.init_cache(3, 10)
+  c = model.config
+  assert cache.k[0].shape == (3, c.num_kv_heads, c.head_dim, 10)
+  assert cache.v[0].shape == (3, c.num_kv_heads, 10, c.head_dim)
+  assert cache.K_AXES[2:] == ("head_dim", "cache_length")
 
 
 def test_nope_layers_ignore_positions():

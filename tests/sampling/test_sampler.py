@@ -127,6 +127,10 @@ def test_filter_logits_top_k_and_top_p():
   assert kept(top_k=1) == [False, True, False, False]
   assert kept(top_k=3) == [True, True, False, True]
   assert kept(top_k=3, top_p=0.5) == [False, True, False, False]
+  # Traced top_p (as the sampler passes it): `cond` skips the nucleus at 1.0 only.
+  traced = jax.jit(lambda p: jnp.isfinite(filter_logits(logits, top_p=p))[0])
+  assert traced(jnp.float32(1.0)).tolist() == [True, True, True, True]
+  assert traced(jnp.float32(0.75)).tolist() == [False, True, False, True]
 
 
 def test_samples_stay_inside_top_k_and_top_p(model, sampler):
