@@ -6,7 +6,10 @@ r"""PCQA-R1 (arXiv 2608.18627) component chain and regression baseline on synthe
 For each seed: a base format stage (shared by the seed's methods), then every method of
 `config.methods` (configs/pcqa_synthetic.py lists them), each evaluated greedily on the test
 splits of all datasets (PLCC after the 4-parameter logistic, SRCC; averaged in-domain + OOD and
-OOD only). Layout: `workdir/seed_<s>/{base,<method>}/` with `metrics.jsonl`, TensorBoard events,
+OOD only). With `config.capable_steps` = n > 0 a shared `capable` stage (n SFT steps on the
+templated rationales) follows base and the LM methods start from it (the regression baseline
+trains n more steps from base instead; configs/pcqa_synthetic.py). Layout:
+`workdir/seed_<s>/{base,capable,<method>}/` with `metrics.jsonl`, TensorBoard events,
 an orbax checkpoint of the final state and, last, `final.json`; a rerun skips finished runs.
 One process reuses every compiled kernel across seeds and methods (shapes do not change).
 
@@ -224,29 +227,43 @@ def main(argv):
     (run_dir / "final.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
-  # ---- Runs: per seed, the base stage, then each method ----
+  def shared_stage(seed_dir, name, *, seed, stage, kind, num_steps, params, eval_kind=None):
+    """A stage shared by the seed's methods (base, capable): trained once, then restored."""
+    run_dir = seed_dir / name
+    state = fresh_state("sft", num_steps, seed, params)
+    if (run_dir / "final.json").exists():
+      logging.info("seed %d: %s stage restored from %s", seed, name, run_dir)
+      return Checkpointer(run_setup.checkpoint_dir(run_dir)).restore_params(None, state.params)
+    tic = time.perf_counter()
+    writer = MetricWriter(run_dir)
+    writer.write_config(config)
+    state = run_sft(state, writer, seed=seed, stage=stage, kind=kind, num_steps=num_steps,
+                    eval_kind=eval_kind)
+    result = finish(run_dir, writer, state, num_steps, "lm", time.perf_counter() - tic)
+    logging.info("seed %d %s (%.0fs): %s", seed, name, result["time/run"],
+                 {key: round(v, 3) for key, v in result.items()
+                  if key.startswith(("avg", "syn"))})
+    if name == "capable":
+      print(f"seed {seed} capable({num_steps}) ID PLCC/SRCC "
+            f"{result[f'{config.source}/plcc']:.3f}/{result[f'{config.source}/srcc']:.3f}  "
+            f"({result['time/run']:.0f}s)", flush=True)
+    return state.params
+
+  # ---- Runs: per seed, the base stage (and the capable stage), then each method ----
   budget = config.cold_start_steps + config.rl_steps
+  capable_steps = int(config.get("capable_steps", 0))
   for s in range(config.num_seeds):
     seed = config.seed + s
     seed_dir = workdir / f"seed_{seed}"
-    base_dir = seed_dir / "base"
-    base_state = fresh_state("sft", config.base_steps, seed,
-                             nnx.state(new_model(seed), nnx.Param))
-    if (base_dir / "final.json").exists():
-      base_params = Checkpointer(run_setup.checkpoint_dir(base_dir)).restore_params(
-        None, base_state.params)
-      logging.info("seed %d: base stage restored from %s", seed, base_dir)
-    else:
-      tic = time.perf_counter()
-      writer = MetricWriter(base_dir)
-      writer.write_config(config)
-      base_state = run_sft(base_state, writer, seed=seed, stage=0, kind="base",
-                           num_steps=config.base_steps)
-      result = finish(base_dir, writer, base_state, config.base_steps, "lm",
-                      time.perf_counter() - tic)
-      logging.info("seed %d base: %s", seed, {key: round(v, 3) for key, v in result.items()
-                                              if key.startswith(("avg", "syn"))})
-      base_params = base_state.params
+    base_params = shared_stage(seed_dir, "base", seed=seed, stage=0, kind="base",
+                               num_steps=config.base_steps,
+                               params=nnx.state(new_model(seed), nnx.Param))
+    # The LM methods' start point and its step count (their steps continue from it).
+    start_params, offset = base_params, 0
+    if capable_steps:
+      start_params = shared_stage(seed_dir, "capable", seed=seed, stage=4, kind="cot",
+                                  num_steps=capable_steps, params=base_params, eval_kind="lm")
+      offset = capable_steps
     for method in methods:
       run_dir = seed_dir / method
       if (run_dir / "final.json").exists():
@@ -256,19 +273,24 @@ def main(argv):
       writer = MetricWriter(run_dir)
       writer.write_config(config)
       if method == "regression":
-        state = run_regression(fresh_state("regression", budget, seed, base_params), writer,
-                               seed=seed, num_steps=budget)
-        result = finish(run_dir, writer, state, budget, "regression", time.perf_counter() - tic)
+        # From the base trunk for the capable stage's steps + the budget: the same number of
+        # steps after base as capable + sft, without the rationale SFT (config docstring).
+        steps = offset + budget
+        state = run_regression(fresh_state("regression", steps, seed, base_params), writer,
+                               seed=seed, num_steps=steps)
+        result = finish(run_dir, writer, state, steps, "regression", time.perf_counter() - tic)
       elif method == "sft":
-        state = run_sft(fresh_state("sft", budget, seed, base_params), writer, seed=seed,
-                        stage=1, kind="cot", num_steps=budget, eval_kind="lm")
-        result = finish(run_dir, writer, state, budget, "lm", time.perf_counter() - tic)
+        state = run_sft(fresh_state("sft", budget, seed, start_params), writer, seed=seed,
+                        stage=1, kind="cot", num_steps=budget, first=offset, eval_kind="lm")
+        result = finish(run_dir, writer, state, offset + budget, "lm",
+                        time.perf_counter() - tic)
       else:
-        params, first = base_params, 0
+        params, first = start_params, offset
         if method == "full":
-          cold = run_sft(fresh_state("sft", config.cold_start_steps, seed, base_params), writer,
-                         seed=seed, stage=1, kind="cot", num_steps=config.cold_start_steps)
-          params, first = cold.params, config.cold_start_steps
+          cold = run_sft(fresh_state("sft", config.cold_start_steps, seed, start_params), writer,
+                         seed=seed, stage=1, kind="cot", num_steps=config.cold_start_steps,
+                         first=offset)
+          params, first = cold.params, offset + config.cold_start_steps
         alpha = 0.0 if method == "rank" else 1.0
         state = run_grpo(fresh_state("grpo", config.rl_steps, seed, params), writer, seed=seed,
                          alpha=alpha, first=first)
@@ -283,7 +305,8 @@ def main(argv):
             flush=True)
 
   # ---- Summary over seeds ----
-  table = pcqa.aggregate_runs(workdir, methods, names, source=config.source)
+  rows = (["capable"] if capable_steps else []) + methods
+  table = pcqa.aggregate_runs(workdir, rows, names, source=config.source)
   (workdir / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
   print(pcqa.format_table(table, names, source=config.source))
 

@@ -3,7 +3,8 @@ r"""Table and plots of an experiments/pcqa.py workdir (PCQA-R1 reproduction, arX
   python scripts/pcqa_table.py --workdir=/tmp/pcqa --out=docs/pcqa
 
 Writes `<out>_table.md` (PLCC / SRCC per dataset, OOD and overall averages, mean ± std over
-seeds), `<out>_bars.png` (ID vs OOD-average SRCC and PLCC per method) and `<out>_curves.png`
+seeds; with a `capable=<n>` workdir its first row is the `capable` stage, the RL runs' start),
+`<out>_bars.png` (ID vs OOD-average SRCC and PLCC per method) and `<out>_curves.png`
 (OOD-average SRCC during training, and the GRPO rewards), and prints the table.
 """
 
@@ -21,8 +22,11 @@ import numpy as np  # noqa: E402
 from jaxrl_post.training import pcqa  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
-METHODS = ("sft", "rank", "rank_gauss", "full", "regression")
-LABELS = {"sft": "SFT only", "rank": "ranking-only RL", "rank_gauss": "+ Gaussian",
+# "capable": the shared SFT stage the LM methods start from with `capable=<n>` (a row only when
+# the workdir has it; `aggregate_runs` skips names without a final.json).
+METHODS = ("capable", "sft", "rank", "rank_gauss", "full", "regression")
+LABELS = {"capable": "capable start (SFT)", "sft": "SFT only", "rank": "ranking-only RL",
+          "rank_gauss": "+ Gaussian",
           "full": "+ cold start (PCQA-R1)", "regression": "regression baseline"}
 
 

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from jaxrl_post.training.metrics import read_metrics
@@ -32,6 +35,12 @@ def test_config_variants_and_errors():
   assert module.get_config("methods=sft;full,seeds=2").methods == "sft,full"
   local = module.get_config("runlocal")
   assert local.num_seeds == 1 and local.rl_steps == 2
+  assert (config.capable_steps, config.rl_optimizer.lr) == (0, 3e-4)
+  capable = module.get_config("runlocal,capable=2,rl_lr=3e-5")
+  assert (capable.capable_steps, capable.rl_optimizer.lr) == (2, 3e-5)
+  assert capable.sft_optimizer.lr == config.sft_optimizer.lr
+  with pytest.raises(ValueError, match="capable=-1 must be >= 0"):
+    module.get_config("capable=-1")
   with pytest.raises(ValueError, match=r"unknown method\(s\) \['grpo'\]"):
     module.get_config("methods=grpo")
   with pytest.raises(ValueError, match="unknown config arg 'sigma'"):
@@ -41,9 +50,9 @@ def test_config_variants_and_errors():
   assert len(added) == 9 and {kw["source"] for kw in added} == {"syn_a", "syn_b", "syn_c"}
 
 
-def _run(workdir, *extra):
+def _run(workdir, *extra, variant="runlocal"):
   command = [sys.executable, str(ROOT / "experiments" / "pcqa.py"),
-             f"--config={CONFIG}:runlocal", f"--workdir={workdir}", *extra]
+             f"--config={CONFIG}:{variant}", f"--workdir={workdir}", *extra]
   return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=900,
                         check=False)
 
@@ -77,3 +86,46 @@ def test_runlocal_all_methods_end_to_end_then_skips_finished_runs(tmp_path):
 
   bad = _run(tmp_path / "bad", "--config.source=sjtu")
   assert bad.returncode != 0 and "config.source='sjtu' is not in config.datasets" in bad.stderr
+
+
+def _params(run: Path, step: int):
+  state = ocp.StandardCheckpointer().restore(run / "checkpoints" / str(step) / "state")
+  return [np.asarray(x) for x in jax.tree.leaves(state["params"])]
+
+
+@pytest.mark.slow
+def test_runlocal_capable_stage_is_the_start_of_every_lm_method(tmp_path):
+  # capable = 2 SFT steps after the 2 base steps; rl_lr = 0 freezes GRPO, so a GRPO run's final
+  # params must equal the params it started from: capable's, not base's.
+  result = _run(tmp_path, variant="runlocal,capable=2,rl_lr=0")
+  assert result.returncode == 0, result.stderr[-3000:]
+  seed = tmp_path / "seed_0"
+  capable = json.loads((seed / "capable" / "final.json").read_text())
+  assert "syn_a/srcc" in capable
+  assert [r["step"] for r in read_metrics(seed / "capable") if "eval/avg/plcc" in r] == [1, 2]
+  base_params, capable_params = _params(seed / "base", 2), _params(seed / "capable", 2)
+  assert any(not np.array_equal(b, c) for b, c in zip(base_params, capable_params))
+  for method in ("rank", "rank_gauss"):
+    # Steps continue from capable's 2: GRPO logs steps 3 and 4 and saves at step 4.
+    grpo = [r["step"] for r in read_metrics(seed / method) if "reward/total" in r]
+    assert grpo == [3, 4], method
+    for p, c in zip(_params(seed / method, 4), capable_params, strict=True):
+      np.testing.assert_array_equal(p, c, err_msg=method)
+    final = json.loads((seed / method / "final.json").read_text())
+    for d in ("syn_a", "syn_b", "syn_c"):  # same params, same greedy answers
+      assert final[f"{d}/rmse"] == capable[f"{d}/rmse"], (method, d)
+  # full: cold start (step 3) from capable, then GRPO (steps 4, 5).
+  full = read_metrics(seed / "full")
+  assert [r["step"] for r in full if "sft/nll" in r] == [3]
+  assert [r["step"] for r in full if "reward/total" in r] == [4, 5]
+  assert [r["step"] for r in read_metrics(seed / "sft") if "sft/nll" in r] == [3, 4, 5]
+  # regression: from base for capable + cold start + rl = 2 + 1 + 2 steps.
+  regression = [r["step"] for r in read_metrics(seed / "regression") if "regression/mse" in r]
+  assert regression == [1, 2, 3, 4, 5]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert set(summary) == {"capable", "sft", "rank", "rank_gauss", "full", "regression"}
+  assert "| capable | 1 |" in result.stdout and "seed 0 capable(2) ID PLCC/SRCC" in result.stdout
+
+  again = _run(tmp_path, variant="runlocal,capable=2,rl_lr=0")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stderr.count("done, skipped") == 5 and "capable stage restored" in again.stderr

@@ -1,0 +1,53 @@
+"""scripts/pcqa_table.py on a hand-written workdir: the `capable` stage is a row when present."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ("syn_a", "syn_b", "syn_c")
+
+
+def _load():
+  spec = importlib.util.spec_from_file_location("pcqa_table", ROOT / "scripts" / "pcqa_table.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _write_run(run: Path, srcc: float, steps=(10,)):
+  run.mkdir(parents=True)
+  final = {"time/run": 1.0}
+  for d in DATASETS:
+    final |= {f"{d}/plcc": srcc, f"{d}/srcc": srcc, f"{d}/score_std": 0.5, f"{d}/unparseable": 0}
+  (run / "final.json").write_text(json.dumps(final))
+  (run / "metrics.jsonl").write_text("".join(
+    json.dumps({"step": s, "eval/ood_avg/srcc": srcc}) + "\n" for s in steps))
+
+
+def _workdir(tmp_path: Path, *, capable: bool) -> Path:
+  seed = tmp_path / "seed_0"
+  (seed / "base").mkdir(parents=True)
+  (seed / "base" / "config.json").write_text(json.dumps({"datasets": ",".join(DATASETS),
+                                                         "source": "syn_a"}))
+  if capable:
+    _write_run(seed / "capable", 0.5, steps=(50, 100))
+  _write_run(seed / "sft", 0.6, steps=(150, 200))
+  _write_run(seed / "rank", 0.4, steps=(150, 200))
+  return tmp_path
+
+
+def _main(monkeypatch, workdir: Path, out: Path) -> list[str]:
+  monkeypatch.setattr(sys, "argv", ["pcqa_table.py", f"--workdir={workdir}", f"--out={out}"])
+  _load().main()
+  return Path(f"{out}_table.md").read_text().splitlines()
+
+
+def test_capable_stage_is_the_first_row_when_present(tmp_path, monkeypatch):
+  rows = _main(monkeypatch, _workdir(tmp_path / "cap", capable=True), tmp_path / "cap_out")
+  assert [r.split("|")[1].strip() for r in rows[2:]] == ["capable", "sft", "rank"]
+  assert rows[2].startswith("| capable | 1 | 0.500±0.000 / 0.500±0.000")
+  assert Path(f"{tmp_path / 'cap_out'}_curves.png").exists()
+  rows = _main(monkeypatch, _workdir(tmp_path / "plain", capable=False), tmp_path / "plain_out")
+  assert [r.split("|")[1].strip() for r in rows[2:]] == ["sft", "rank"]
