@@ -24,7 +24,8 @@ ranking > regression result does NOT reproduce at this scale. Killed and restart
 runs are skipped (each run writes `final.json` last).
 
 Variants (after the colon): `runlocal` (tiny budget, 1 seed, for tests), `source=<dataset>`,
-`seeds=<n>`, `methods=<a;b>` (';'-separated), `rl_steps=<n>`, `capable=<n>`, `rl_lr=<float>`.
+`seeds=<n>`, `methods=<a;b>` (';'-separated), `rl_steps=<n>`, `capable=<n>`, `rl_lr=<float>`,
+`holdout=<f>`.
 
 `capable=<n>` (default 0: the chain above) tests the paper's premise that RL only *re-ranks* a
 backbone that already sees the views: per seed, a shared `capable` stage after `base` (n SFT
@@ -36,6 +37,9 @@ numbered from the base (capable's last step is n). The regression baseline keeps
 and trains n + cold_start + rl steps: the same total budget after base as capable + sft (not
 capable + regression, whose trunk would have seen the rationale SFT the others get).
 `rl_lr=<float>` is the GRPO learning rate (default 3e-4; a capable policy wants less, e.g. 3e-5).
+`holdout=<f>` (with `capable`): the capable stage trains on the first 1 − f of the source train
+split only and the LM methods after it (SFT, cold start, GRPO) on the held-out rest; base and
+the regression baseline use the whole split.
 
   python experiments/pcqa.py --config=configs/pcqa_synthetic.py:capable=1000,rl_lr=3e-5 \
     --workdir=/tmp/pcqa_cap
@@ -57,7 +61,8 @@ METHOD_NAMES = ("sft", "rank", "rank_gauss", "full", "regression")
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, source="syn_a", seeds=3,
-                  methods=";".join(METHOD_NAMES), rl_steps=175, capable=0, rl_lr=3e-4)
+                  methods=";".join(METHOD_NAMES), rl_steps=175, capable=0, rl_lr=3e-4,
+                  holdout=0.0)
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.num_seeds = arg.seeds
@@ -87,6 +92,11 @@ def get_config(arg=None):
   c.capable_steps = arg.capable
   if c.capable_steps < 0:
     raise ValueError(f"capable={c.capable_steps} must be >= 0")
+  # With capable > 0: the share of the source train split kept away from the capable stage and
+  # given to the methods after it (their prompts are then clouds the start has not memorised).
+  c.capable_holdout = arg.holdout
+  if not 0.0 <= c.capable_holdout < 1.0:
+    raise ValueError(f"holdout={c.capable_holdout} must be in [0, 1)")
   # Rollout temperature (the paper's: not given): at 1.0 the tiny character-level base policy
   # broke its own tags in 80 % of the rollouts; at 0.7 6 % are unparseable and the K scores of
   # a prompt still spread by ≈ 1 point (measured on the seed-0 base checkpoint).

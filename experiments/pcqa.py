@@ -121,9 +121,21 @@ def main(argv):
     # Copies: the step donates its state, and `params` is reused by the seed's other runs.
     return state.replace(params=jax.tree.map(jnp.copy, params))
 
+  # With `capable_holdout` > 0 the capable stage and the methods after it draw from disjoint
+  # parts of the source train split (`pcqa.holdout_pools`).
+  capable_steps = int(config.get("capable_steps", 0))
+  num_train = len(train.mos)
+  pools = pcqa.holdout_pools(num_train, config.get("capable_holdout", 0.0) if capable_steps else 0)
+  if pools and config.batch_size > min(len(p) for p in pools.values()):
+    raise ValueError(f"config.capable_holdout={config.capable_holdout} leaves fewer than "
+                     f"config.batch_size={config.batch_size} clouds on one side of the split")
+
   def batch_index(seed, stage, step):
     rng = np.random.default_rng([seed, stage, step])
-    return np.sort(rng.choice(len(train.mos), config.batch_size, replace=False)), rng
+    pool = pools.get(stage)
+    if pool is None:
+      return np.sort(rng.choice(num_train, config.batch_size, replace=False)), rng
+    return np.sort(pool[rng.choice(len(pool), config.batch_size, replace=False)]), rng
 
   def check_finite(metrics, where):
     if int(metrics["nonfinite_streak"]) >= config.max_nonfinite_streak:
@@ -166,7 +178,7 @@ def main(argv):
     bar = tqdm.tqdm(range(config.rl_steps), desc=f"seed{seed}:grpo", leave=False)
     for i in bar:
       tic = time.perf_counter()
-      index, _ = batch_index(seed, 2, i)
+      index, _ = batch_index(seed, pcqa.STAGE_GRPO, i)
       views = train.views[index]
       out = k.sample(state.params, views, jax.random.fold_in(key, i))
       texts = pcqa.decode_completions(tokenizer, out.tokens, out.mask)
@@ -205,7 +217,7 @@ def main(argv):
 
   def run_regression(state, writer, *, seed, num_steps):
     for i in tqdm.trange(num_steps, desc=f"seed{seed}:regression", leave=False):
-      index, _ = batch_index(seed, 3, i)
+      index, _ = batch_index(seed, pcqa.STAGE_REGRESSION, i)
       batch = dict(views=train.views[index], mos01=jnp.asarray(train.mos01[index], jnp.float32),
                    num_sequences=jnp.float32(len(index)))
       state, metrics = train_step("regression", num_steps)[1](state, batch)
@@ -251,18 +263,18 @@ def main(argv):
 
   # ---- Runs: per seed, the base stage (and the capable stage), then each method ----
   budget = config.cold_start_steps + config.rl_steps
-  capable_steps = int(config.get("capable_steps", 0))
   for s in range(config.num_seeds):
     seed = config.seed + s
     seed_dir = workdir / f"seed_{seed}"
-    base_params = shared_stage(seed_dir, "base", seed=seed, stage=0, kind="base",
+    base_params = shared_stage(seed_dir, "base", seed=seed, stage=pcqa.STAGE_BASE, kind="base",
                                num_steps=config.base_steps,
                                params=nnx.state(new_model(seed), nnx.Param))
     # The LM methods' start point and its step count (their steps continue from it).
     start_params, offset = base_params, 0
     if capable_steps:
-      start_params = shared_stage(seed_dir, "capable", seed=seed, stage=4, kind="cot",
-                                  num_steps=capable_steps, params=base_params, eval_kind="lm")
+      start_params = shared_stage(seed_dir, "capable", seed=seed, stage=pcqa.STAGE_CAPABLE,
+                                  kind="cot", num_steps=capable_steps, params=base_params,
+                                  eval_kind="lm")
       offset = capable_steps
     for method in methods:
       run_dir = seed_dir / method
@@ -281,15 +293,16 @@ def main(argv):
         result = finish(run_dir, writer, state, steps, "regression", time.perf_counter() - tic)
       elif method == "sft":
         state = run_sft(fresh_state("sft", budget, seed, start_params), writer, seed=seed,
-                        stage=1, kind="cot", num_steps=budget, first=offset, eval_kind="lm")
+                        stage=pcqa.STAGE_SFT, kind="cot", num_steps=budget, first=offset,
+                        eval_kind="lm")
         result = finish(run_dir, writer, state, offset + budget, "lm",
                         time.perf_counter() - tic)
       else:
         params, first = start_params, offset
         if method == "full":
           cold = run_sft(fresh_state("sft", config.cold_start_steps, seed, start_params), writer,
-                         seed=seed, stage=1, kind="cot", num_steps=config.cold_start_steps,
-                         first=offset)
+                         seed=seed, stage=pcqa.STAGE_SFT, kind="cot",
+                         num_steps=config.cold_start_steps, first=offset)
           params, first = cold.params, offset + config.cold_start_steps
         alpha = 0.0 if method == "rank" else 1.0
         state = run_grpo(fresh_state("grpo", config.rl_steps, seed, params), writer, seed=seed,

@@ -136,6 +136,29 @@ def decode_completions(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[
   return [tokenizer.decode([int(t) for t in row[m]]) for row, m in zip(tokens, mask)]
 
 
+# Data stages of experiments/pcqa.py: each draws its batches with its own RNG stream.
+STAGE_BASE, STAGE_SFT, STAGE_GRPO, STAGE_REGRESSION, STAGE_CAPABLE = 0, 1, 2, 3, 4
+
+
+def holdout_pools(num_train: int, holdout: float) -> dict[int, np.ndarray]:
+  """Train-split indices per data stage for a capable start with held-out RL prompts.
+
+  The capable stage gets the first `num_train − round(holdout · num_train)` samples, the
+  methods after it (SFT / cold start, GRPO) the rest, so that they train on clouds the capable
+  policy has not memorised; stages without a pool (base, regression) use the whole split.
+
+  Returns:
+    `{stage: int indices}`; empty when `holdout` is 0.
+  """
+  num_held = int(round(holdout * num_train))
+  if not num_held:
+    return {}
+  if num_held >= num_train:
+    raise ValueError(f"holdout={holdout} leaves no training sample for the capable stage")
+  held = np.arange(num_train - num_held, num_train)
+  return {STAGE_CAPABLE: np.arange(num_train - num_held), STAGE_SFT: held, STAGE_GRPO: held}
+
+
 def sft_batch(tokenizer, data: pc.DatasetArrays, index: np.ndarray, *, completion_len: int,
               kind: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
   """Views and target completions of rows `index`: `kind` "cot" (cold start) or "base"."""

@@ -41,6 +41,9 @@ def test_config_variants_and_errors():
   assert capable.sft_optimizer.lr == config.sft_optimizer.lr
   with pytest.raises(ValueError, match="capable=-1 must be >= 0"):
     module.get_config("capable=-1")
+  assert module.get_config("capable=2,holdout=0.5").capable_holdout == 0.5
+  with pytest.raises(ValueError, match=r"holdout=1.0 must be in \[0, 1\)"):
+    module.get_config("holdout=1.0")
   with pytest.raises(ValueError, match=r"unknown method\(s\) \['grpo'\]"):
     module.get_config("methods=grpo")
   with pytest.raises(ValueError, match="unknown config arg 'sigma'"):
@@ -96,8 +99,9 @@ def _params(run: Path, step: int):
 @pytest.mark.slow
 def test_runlocal_capable_stage_is_the_start_of_every_lm_method(tmp_path):
   # capable = 2 SFT steps after the 2 base steps; rl_lr = 0 freezes GRPO, so a GRPO run's final
-  # params must equal the params it started from: capable's, not base's.
-  result = _run(tmp_path, variant="runlocal,capable=2,rl_lr=0")
+  # params must equal the params it started from: capable's, not base's. holdout = 0.5 splits the
+  # 32 runlocal clouds 16 / 16 between capable and the methods after it.
+  result = _run(tmp_path, variant="runlocal,capable=2,rl_lr=0,holdout=0.5")
   assert result.returncode == 0, result.stderr[-3000:]
   seed = tmp_path / "seed_0"
   capable = json.loads((seed / "capable" / "final.json").read_text())
@@ -126,6 +130,6 @@ def test_runlocal_capable_stage_is_the_start_of_every_lm_method(tmp_path):
   assert set(summary) == {"capable", "sft", "rank", "rank_gauss", "full", "regression"}
   assert "| capable | 1 |" in result.stdout and "seed 0 capable(2) ID PLCC/SRCC" in result.stdout
 
-  again = _run(tmp_path, variant="runlocal,capable=2,rl_lr=0")
+  again = _run(tmp_path, variant="runlocal,capable=2,rl_lr=0,holdout=0.5")
   assert again.returncode == 0, again.stderr[-3000:]
   assert again.stderr.count("done, skipped") == 5 and "capable stage restored" in again.stderr

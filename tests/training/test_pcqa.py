@@ -291,3 +291,14 @@ def test_sampled_mean_drops_unparseable_samples_and_differs_from_greedy():
                      mode="sampled_mean", num_samples=3)
   with pytest.raises(ValueError, match="unknown evaluation mode 'mode'"):
     pcqa.evaluate_lm(kern, None, tok, {"syn_a": data}, source="syn_a", batch_size=4, mode="mode")
+
+
+def test_holdout_pools_split_the_source_between_capable_and_later_stages():
+  assert pcqa.holdout_pools(400, 0.0) == {}
+  pools = pcqa.holdout_pools(10, 0.3)
+  np.testing.assert_array_equal(pools[pcqa.STAGE_CAPABLE], np.arange(7))
+  for stage in (pcqa.STAGE_SFT, pcqa.STAGE_GRPO):
+    np.testing.assert_array_equal(pools[stage], [7, 8, 9])
+  assert pcqa.STAGE_BASE not in pools and pcqa.STAGE_REGRESSION not in pools
+  with pytest.raises(ValueError, match="holdout"):
+    pcqa.holdout_pools(3, 0.99)
