@@ -82,7 +82,10 @@ def main(argv):
   pconfig = PerceptionConfig(lm_config, image_size=config.image_size,
                              patch_size=config.patch_size, coord_bins=config.coord_bins,
                              size_bins=config.size_bins, coord_token=ds.COORD,
-                             size_token=ds.SIZE)
+                             size_token=ds.SIZE,
+                             fourier_features=config.get("fourier_features", 0),
+                             pointer_head=config.get("pointer_head", False),
+                             conv_stem=config.get("conv_stem", False))
   model = PerceptionDetector(pconfig, rngs=nnx.Rngs(config.seed))
   bins = perc.BinSpec(config.coord_bins, config.size_bins, config.image_size)
   num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

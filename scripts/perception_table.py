@@ -1,12 +1,14 @@
 r"""Table and plots of the Falcon Perception-HD reproduction (configs/perception_dense.py).
 
   python scripts/perception_table.py /tmp/perc --plots docs
+  python scripts/perception_table.py /tmp/perc2 --plots docs --prefix perception_pointer
 
 Reads `<root>/s<seed>/<run>/metrics.jsonl` for the runs `sft`, `rl`, `rl_nodetach`, `sft_more`
 (plus the single-seed probes `rl_lr1e-5`, `rl_f1`)
 (and the wall-clock seconds in `<run>/done`, written by the reproduction loop), prints a Markdown
 table of the final evaluation (mean ± std over seeds, and every seed), and writes
-`perception_f1_by_count.png`, `perception_nms.png` and `perception_rl_curves.png` to `--plots`.
+`<prefix>_f1_by_count.png`, `<prefix>_nms.png` and `<prefix>_rl_curves.png` to `--plots`
+(`--prefix` defaults to `perception`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("root", type=Path)
   parser.add_argument("--plots", type=Path, default=None)
+  parser.add_argument("--prefix", default="perception", help="file-name prefix of the plots")
   args = parser.parse_args()
   seeds, table = collect(args.root)
   print(f"seeds: {seeds}\n")
@@ -88,10 +91,10 @@ def main():
     print(f"  {run}: " + ", ".join(
       f"s{s} {r['eval/dense/f1@0.5']:.3f}/{r['eval/ref/mcc']:.3f}" for s, r in table[run].items()))
   if args.plots:
-    plot(args.root, seeds, table, args.plots)
+    plot(args.root, seeds, table, args.plots, args.prefix)
 
 
-def plot(root, seeds, table, out: Path):
+def plot(root, seeds, table, out: Path, prefix: str = "perception"):
   import matplotlib
 
   matplotlib.use("Agg")
@@ -115,7 +118,7 @@ def plot(root, seeds, table, out: Path):
   ax.set_title(f"Dense scenes, F1 by count bucket ({len(seeds)} seeds)")
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(out / "perception_f1_by_count.png", dpi=120)
+  fig.savefig(out / f"{prefix}_f1_by_count.png", dpi=120)
   plt.close(fig)
 
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -132,7 +135,7 @@ def plot(root, seeds, table, out: Path):
     ax.set_title(title)
     ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(out / "perception_nms.png", dpi=120)
+  fig.savefig(out / f"{prefix}_nms.png", dpi=120)
   plt.close(fig)
 
   fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
@@ -152,7 +155,7 @@ def plot(root, seeds, table, out: Path):
     ax.set_xlabel("RL step")
   axes[0].legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(out / "perception_rl_curves.png", dpi=120)
+  fig.savefig(out / f"{prefix}_rl_curves.png", dpi=120)
   plt.close(fig)
 
 

@@ -49,6 +49,11 @@ class PerceptionConfig:
     size_bins: bins per side of the size head.
     coord_token, size_token: ids of `<coord>` and `<size>` (whose inputs carry bin embeddings).
     fourier_features: F of the shared coordinate code (0: off; see `PerceptionDetector`).
+    pointer_head: add pointer terms to the coordinate logits (localisation by attention over the
+      patches; see `PerceptionDetector.heads`). Needs `coord_bins` to be a multiple of the patch
+      grid side `image_size / patch_size`.
+    conv_stem: add a residual 3×3 convolution over the patch grid to the encoder (each patch
+      embedding sees its 8 neighbours, in both directions, before the causal decoder).
   """
 
   lm: ModelConfig
@@ -61,6 +66,8 @@ class PerceptionConfig:
   coord_token: int = 3
   size_token: int = 4
   fourier_features: int = 0
+  pointer_head: bool = False
+  conv_stem: bool = False
 
   def __post_init__(self):
     if self.image_size % self.patch_size:
@@ -70,6 +77,13 @@ class PerceptionConfig:
       if not 0 <= getattr(self, name) < self.lm.vocab_size:
         raise ValueError(f"{name}={getattr(self, name)} outside the vocabulary "
                          f"[0, {self.lm.vocab_size})")
+    if self.pointer_head and self.coord_bins % self.grid:
+      raise ValueError(f"pointer_head needs coord_bins ({self.coord_bins}) to be a multiple of "
+                       f"the patch grid side {self.grid}")
+
+  @property
+  def grid(self) -> int:
+    return self.image_size // self.patch_size
 
   @property
   def num_patches(self) -> int:
@@ -88,6 +102,14 @@ class HeadLogits(NamedTuple):
   y: jax.Array  # [b, T, coord_bins]
   w: jax.Array  # [b, T, size_bins]
   h: jax.Array  # [b, T, size_bins]
+
+
+class DetectorCache(NamedTuple):
+  """Decoding state: the LM's `KVCache` and, with the pointer head, the final hidden states of
+  the patch positions (`[b, P, d]`, written by `prefill`; None otherwise)."""
+
+  kv: KVCache
+  patches: jax.Array | None = None
 
 
 class Chain(NamedTuple):
@@ -114,8 +136,9 @@ def fourier_features(u: jax.Array, num_features: int) -> jax.Array:
 
 class PatchEncoder(nnx.Module):
   """Image → `[b, P, d]` patch embeddings: a linear map of each flattened patch, plus learned
-  row and column position embeddings, then a GELU MLP with a residual (one non-linearity before
-  the decoder so that colour and shape can be separated per patch)."""
+  row and column position embeddings, (with `conv_stem`) a residual GELU 3×3 convolution over the
+  patch grid, then a GELU MLP with a residual (one non-linearity before the decoder so that
+  colour and shape can be separated per patch)."""
 
   def __init__(self, config: PerceptionConfig, *, rngs: nnx.Rngs):
     c, d = config, config.lm.embed_dim
@@ -129,6 +152,9 @@ class PatchEncoder(nnx.Module):
     self.col = _param(rngs, (grid, d), (None, axes.EMBED), dt)
     self.mlp_in = _param(rngs, (d, 2 * d), (axes.EMBED, axes.MLP), dt)
     self.mlp_out = _param(rngs, (2 * d, d), (axes.MLP, axes.EMBED), dt)
+    if c.conv_stem:
+      self.conv = nnx.Param(jax.random.normal(rngs.params(), (3, 3, d, d)) / jnp.sqrt(9 * d),
+                            out_sharding=(None, None, None, axes.EMBED), eager_sharding=False)
 
   def __call__(self, images: jax.Array) -> jax.Array:
     c = self.config
@@ -143,6 +169,11 @@ class PatchEncoder(nnx.Module):
     x = patches @ self.proj[...]
     pos = (self.row[...][:, None, :] + self.col[...][None, :, :]).reshape(g * g, -1)
     x = x + pos[None]
+    if c.conv_stem:
+      grid = x.reshape(b, g, g, -1)
+      conv = jax.lax.conv_general_dilated(grid, self.conv[...].astype(grid.dtype), (1, 1), "SAME",
+                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      x = x + jax.nn.gelu(conv).reshape(b, g * g, -1)
     return x + jax.nn.gelu(x @ self.mlp_in[...]) @ self.mlp_out[...]
 
 
@@ -184,6 +215,15 @@ class PerceptionDetector(nnx.Module):
                              out_sharding=(None, axes.EMBED), eager_sharding=False)
       self.read_x = _param(rngs, (d, d), (axes.EMBED, None), dt)
       self.read_y = _param(rngs, (d, d), (axes.EMBED, None), dt)
+    if c.pointer_head:
+      # Pointer: score(t, p) = (h_t W_q)·(v_p W_k)/√d over the patches' final hidden states v_p,
+      # plus per-patch offset logits v_p W_ox (x bins inside the patch column), v_p W_oy.
+      r = c.coord_bins // c.grid
+      self.ptr_q = nnx.Param(jax.random.normal(rngs.params(), (d, d)) / jnp.sqrt(d),
+                             out_sharding=(axes.EMBED, None), eager_sharding=False)
+      self.ptr_k = nnx.Param(jax.random.normal(rngs.params(), (d, d)) / jnp.sqrt(d),
+                             out_sharding=(axes.EMBED, None), eager_sharding=False)
+      self.ptr_off = _param(rngs, (d, 2 * r), (axes.EMBED, None), dt)
 
   def _bin_codes(self) -> tuple[jax.Array, jax.Array]:
     """`[coord_bins, d]` shared-code embeddings of the x and y bins (bin k ↔ u = k / bins)."""
@@ -225,8 +265,34 @@ class PerceptionDetector(nnx.Module):
             + jnp.take(self.h_embed[...], jnp.clip(chain.h, 0, c.size_bins - 1), axis=0))
     return x + jnp.where(is_coord, coord, 0.0) + jnp.where(is_size, size, 0.0)
 
-  def heads(self, lm_logits: jax.Array, hidden: jax.Array) -> HeadLogits:
-    """Splits the coordinate and size heads' logits off the hidden states."""
+  def pointer_logits(self, hidden: jax.Array, patches: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`[b, T, coord_bins]` pointer terms of the x and y logits.
+
+    With s_{t,p} = (h_t W_q)·(v_p W_k)/√d the score of patch p = (row i, column j) and
+    o^x_{p,u}, o^y_{p,u} its offset logits (u = bin inside the patch, R = coord_bins / grid bins
+    per patch side), the pointer term of x bin k = R·j + u is the log-marginal
+    log Σ_i exp(s_{t,(i,j)} + o^x_{(i,j),u}) (y alike, summing over columns j). It is added to
+    the plain linear logits, so π_x, π_y stay categorical over `coord_bins`.
+    """
+    c = self.config
+    g, r = c.grid, c.coord_bins // c.grid
+    q = jnp.einsum("btd,de->bte", hidden.astype(jnp.float32), self.ptr_q[...].astype(jnp.float32))
+    k = jnp.einsum("bpd,de->bpe", patches.astype(jnp.float32), self.ptr_k[...].astype(jnp.float32))
+    score = jnp.einsum("bte,bpe->btp", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    off = jnp.einsum("bpd,dk->bpk", patches.astype(jnp.float32),
+                     self.ptr_off[...].astype(jnp.float32))
+    b, t = score.shape[:2]
+    score = score.reshape(b, t, g, g, 1)  # [b, T, row i, col j, 1]
+    off_x = off[..., :r].reshape(b, 1, g, g, r)
+    off_y = off[..., r:].reshape(b, 1, g, g, r)
+    x = jax.nn.logsumexp(score + off_x, axis=2).reshape(b, t, g * r)  # Over rows: [b,T,j,u].
+    y = jax.nn.logsumexp(score + off_y, axis=3).reshape(b, t, g * r)  # Over columns: [b,T,i,u].
+    return x, y
+
+  def heads(self, lm_logits: jax.Array, hidden: jax.Array,
+            patches: jax.Array | None = None) -> HeadLogits:
+    """Splits the coordinate and size heads' logits off the hidden states (`patches`: the patch
+    positions' final hidden states, required by the pointer head)."""
     c = self.config
     coord = jnp.einsum("btd,dk->btk", hidden, self.coord_head[...],
                        preferred_element_type=jnp.float32)
@@ -238,6 +304,11 @@ class PerceptionDetector(nnx.Module):
       coord = coord + jnp.concatenate([
         jnp.einsum("btd,de,ke->btk", hidden, self.read_x[...], x_code),
         jnp.einsum("btd,de,ke->btk", hidden, self.read_y[...], y_code)], axis=-1)
+    if c.pointer_head:
+      if patches is None:
+        raise ValueError("pointer_head needs the patch hidden states")
+      px, py = self.pointer_logits(hidden, patches)
+      coord = coord + jnp.concatenate([px, py], axis=-1)
     return HeadLogits(lm=lm_logits, x=coord[..., :c.coord_bins], y=coord[..., c.coord_bins:],
                       w=size[..., :c.size_bins], h=size[..., c.size_bins:])
 
@@ -257,28 +328,32 @@ class PerceptionDetector(nnx.Module):
     dummy = jnp.zeros(inputs.shape[:2], jnp.int32)
     logits, hidden = self.lm(dummy, embeddings=inputs, return_hidden=True)
     start = prompt.shape[1] - 1
-    return self.heads(logits[:, start:], hidden[:, start:])
+    patches = hidden[:, :self.config.num_patches]
+    return self.heads(logits[:, start:], hidden[:, start:], patches)
 
   # ---- cached decoding ----
 
-  def init_cache(self, batch: int, max_actions: int) -> KVCache:
-    return self.lm.init_cache(batch, self.config.prompt_len + max_actions)
+  def init_cache(self, batch: int, max_actions: int) -> DetectorCache:
+    return DetectorCache(self.lm.init_cache(batch, self.config.prompt_len + max_actions))
 
   def prefill(self, images: jax.Array, query_tokens: jax.Array,
-              cache: KVCache) -> tuple[HeadLogits, KVCache]:
+              cache: DetectorCache) -> tuple[HeadLogits, DetectorCache]:
     """Writes the prompt into `cache`; returns the heads at its last position (`[b, 1, …]`)."""
     prompt = self.encode_prompt(images, query_tokens)
     b, t = prompt.shape[:2]
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, cache, hidden = self.lm(jnp.zeros((b, t), jnp.int32), embeddings=prompt,
-                                    positions=positions, cache=cache, return_hidden=True)
-    return self.heads(logits[:, -1:], hidden[:, -1:]), cache
+    logits, kv, hidden = self.lm(jnp.zeros((b, t), jnp.int32), embeddings=prompt,
+                                 positions=positions, cache=cache.kv, return_hidden=True)
+    patches = hidden[:, :self.config.num_patches] if self.config.pointer_head else None
+    return (self.heads(logits[:, -1:], hidden[:, -1:], patches),
+            DetectorCache(kv, patches))
 
-  def decode_step(self, action: Chain, cache: KVCache) -> tuple[HeadLogits, KVCache]:
-    """Feeds one action per row (`[b, 1]` arrays) at slot `cache.index`; heads `[b, 1, …]`."""
+  def decode_step(self, action: Chain,
+                  cache: DetectorCache) -> tuple[HeadLogits, DetectorCache]:
+    """Feeds one action per row (`[b, 1]` arrays) at slot `cache.kv.index`; heads `[b, 1, …]`."""
     x = self.embed_actions(action)
     b = x.shape[0]
-    positions = jnp.full((b, 1), cache.index, jnp.int32)
-    logits, cache, hidden = self.lm(jnp.zeros((b, 1), jnp.int32), embeddings=x,
-                                    positions=positions, cache=cache, return_hidden=True)
-    return self.heads(logits, hidden), cache
+    positions = jnp.full((b, 1), cache.kv.index, jnp.int32)
+    logits, kv, hidden = self.lm(jnp.zeros((b, 1), jnp.int32), embeddings=x,
+                                 positions=positions, cache=cache.kv, return_hidden=True)
+    return self.heads(logits, hidden, cache.patches), DetectorCache(kv, cache.patches)
