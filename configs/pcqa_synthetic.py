@@ -20,7 +20,10 @@ base 75 s, SFT 1 min, regression 0.5 min, each GRPO run 4.5–5 min (≈ 1.5 s p
 (3 seeds, docs/results.md): the regression baseline 0.52 ± 0.21 in-domain / 0.49 ± 0.17
 OOD-average SRCC; SFT 0.25 / 0.23; the three GRPO variants collapse to one greedy score for
 every test cloud within 175 steps (correlation undefined, counted 0) — the paper's
-ranking > regression result does NOT reproduce at this scale. Killed and restarted, finished
+ranking > regression result does NOT reproduce at this scale. From a capable start
+(`capable=1000`, below) GRPO no longer collapses but gains nothing, and with held-out RL prompts
+(`holdout=0.5`) it adds ≈ +0.03 OOD SRCC, less than SFT on the same clouds; regression stays
+ahead (docs/results.md). Killed and restarted, finished
 runs are skipped (each run writes `final.json` last).
 
 Variants (after the colon): `runlocal` (tiny budget, 1 seed, for tests), `source=<dataset>`,
