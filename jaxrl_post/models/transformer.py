@@ -105,32 +105,6 @@ def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def plain_attention(q, k, v, mask, scale):
-  """Reference grouped-query attention with explicit matmuls.
-
-  Args:
-    q: `[batch, time, heads, head_dim]`.
-    k, v: `[batch, kv_heads, length, head_dim]`.
-    mask: `bool[batch, time, length]`.
-    scale: logit scale, head_dim^-1/2.
-
-  Returns:
-    `[batch, time, heads, head_dim]`. Query head n uses kv head n // groups,
-    the order of `transformers`' `repeat_kv`.
-  """
-  b, t, n, h = q.shape
-  kv, s = k.shape[1], k.shape[2]
-  g = n // kv
-  # Fold the query groups into the row dimension: [b, kv, g * t, h]. Plain
-  # batched matmuls over (b, kv) are what XLA:CPU runs fastest.
-  q = q.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-  logits = jnp.einsum("bkqh,bksh->bkqs", q, k, preferred_element_type=jnp.float32) * scale
-  logits = jnp.where(mask[:, None, None], logits.reshape(b, kv, g, t, s), _MASK_VALUE)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
-  out = jnp.einsum("bkqs,bksh->bkqh", probs, v)
-  return out.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-
-
 def cached_attention(q, k_t, v, mask, scale):
   """Grouped-query attention over a KV cache whose keys are stored transposed.
 
@@ -142,8 +116,8 @@ def cached_attention(q, k_t, v, mask, scale):
     scale: logit scale, head_dim^-1/2.
 
   Returns:
-    `[batch, time, heads, head_dim]`, equal to `plain_attention` on the
-    untransposed keys (query head n uses kv head n // groups).
+    `[batch, time, heads, head_dim]`. Query head n uses kv head n // groups,
+    the order of `transformers`' `repeat_kv`.
   """
   b, t, n, h = q.shape
   kv, s = k_t.shape[1], k_t.shape[3]
@@ -158,6 +132,23 @@ def cached_attention(q, k_t, v, mask, scale):
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
   out = jnp.einsum("bkqs,bksh->bkqh", probs, v)
   return out.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def plain_attention(q, k, v, mask, scale):
+  """Grouped-query attention with explicit matmuls (`attention_impl="plain"`).
+
+  Args:
+    q: `[batch, time, heads, head_dim]`.
+    k, v: `[batch, kv_heads, length, head_dim]`.
+    mask: `bool[batch, time, length]`.
+    scale: logit scale, head_dim^-1/2.
+
+  Returns:
+    `[batch, time, heads, head_dim]`. Query head n uses kv head n // groups,
+    the order of `transformers`' `repeat_kv`.
+  """
+  # XLA folds the swap into the dot's dimension numbers.
+  return cached_attention(q, k.swapaxes(2, 3), v, mask, scale)
 
 
 def library_attention(q, k, v, mask, scale, implementation=None):

@@ -110,17 +110,26 @@ def test_attention_paths_agree(family):
 
 
 @pytest.mark.parametrize("time", [1, 5])
-def test_cached_attention_on_transposed_keys_equals_plain(time):
-  """The decode kernel (keys stored [b, kv, h, s]) against the reference path, with GQA."""
+def test_cached_attention_on_transposed_keys_matches_numpy(time):
+  """The decode kernel (keys stored [b, kv, h, s]) against a numpy softmax attention, with GQA."""
   rng = np.random.RandomState(time)
   b, n, kv, h, s = 3, 6, 2, 8, 11
-  q = jnp.asarray(rng.randn(b, time, n, h), jnp.float32)
-  k = jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
-  v = jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
-  mask = jnp.asarray(rng.rand(b, time, s) < 0.7).at[:, :, 0].set(True)
-  want = transformer.plain_attention(q, k, v, mask, h**-0.5)
-  got = transformer.cached_attention(q, k.swapaxes(2, 3), v, mask, h**-0.5)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+  q, k, v = (rng.randn(*shape).astype(np.float32)
+             for shape in ((b, time, n, h), (b, kv, s, h), (b, kv, s, h)))
+  mask = rng.rand(b, time, s) < 0.7
+  mask[:, :, 0] = True
+  # transformers' repeat_kv order: query head i uses kv head i // (n // kv).
+  k_rep, v_rep = (np.repeat(x, n // kv, axis=1) for x in (k, v))  # [b, n, s, h]
+  logits = np.einsum("btnh,bnsh->bnts", q, k_rep) * h**-0.5
+  logits = np.where(mask[:, None], logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  want = np.einsum("bnts,bnsh->btnh", probs, v_rep)
+  got = transformer.cached_attention(jnp.asarray(q), jnp.asarray(k).swapaxes(2, 3),
+                                     jnp.asarray(v), jnp.asarray(mask), h**-0.5)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+  plain = transformer.plain_attention(q, k, v, jnp.asarray(mask), h**-0.5)
+  np.testing.assert_allclose(np.asarray(plain), want, atol=1e-5)
 
 
 def test_cache_layout_keys_transposed():
