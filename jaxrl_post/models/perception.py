@@ -104,12 +104,19 @@ class HeadLogits(NamedTuple):
   h: jax.Array  # [b, T, size_bins]
 
 
+class PointerMemory(NamedTuple):
+  """The pointer head's per-patch terms, computed once per image (`PerceptionDetector.heads`)."""
+
+  keys: jax.Array  # float32[b, P, d]: v_p W_k
+  offsets: jax.Array  # float32[b, P, 2R]: v_p W_o (x offsets, then y offsets)
+
+
 class DetectorCache(NamedTuple):
-  """Decoding state: the LM's `KVCache` and, with the pointer head, the final hidden states of
-  the patch positions (`[b, P, d]`, written by `prefill`; None otherwise)."""
+  """Decoding state: the LM's `KVCache` and, with the pointer head, the patches' pointer terms
+  (written by `prefill`, so a decode step does not re-project the patches; None otherwise)."""
 
   kv: KVCache
-  patches: jax.Array | None = None
+  pointer: PointerMemory | None = None
 
 
 class Chain(NamedTuple):
@@ -274,13 +281,21 @@ class PerceptionDetector(nnx.Module):
     log Σ_i exp(s_{t,(i,j)} + o^x_{(i,j),u}) (y alike, summing over columns j). It is added to
     the plain linear logits, so π_x, π_y stay categorical over `coord_bins`.
     """
+    return self._pointer_terms(hidden, self.pointer_memory(patches))
+
+  def pointer_memory(self, patches: jax.Array) -> PointerMemory:
+    """Keys and offset logits of the patches' final hidden states `[b, P, d]`."""
+    patches = patches.astype(jnp.float32)
+    return PointerMemory(
+      keys=jnp.einsum("bpd,de->bpe", patches, self.ptr_k[...].astype(jnp.float32)),
+      offsets=jnp.einsum("bpd,dk->bpk", patches, self.ptr_off[...].astype(jnp.float32)))
+
+  def _pointer_terms(self, hidden: jax.Array, memory: PointerMemory):
     c = self.config
     g, r = c.grid, c.coord_bins // c.grid
     q = jnp.einsum("btd,de->bte", hidden.astype(jnp.float32), self.ptr_q[...].astype(jnp.float32))
-    k = jnp.einsum("bpd,de->bpe", patches.astype(jnp.float32), self.ptr_k[...].astype(jnp.float32))
-    score = jnp.einsum("bte,bpe->btp", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
-    off = jnp.einsum("bpd,dk->bpk", patches.astype(jnp.float32),
-                     self.ptr_off[...].astype(jnp.float32))
+    score = jnp.einsum("bte,bpe->btp", q, memory.keys) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    off = memory.offsets
     b, t = score.shape[:2]
     score = score.reshape(b, t, g, g, 1)  # [b, T, row i, col j, 1]
     off_x = off[..., :r].reshape(b, 1, g, g, r)
@@ -289,10 +304,11 @@ class PerceptionDetector(nnx.Module):
     y = jax.nn.logsumexp(score + off_y, axis=3).reshape(b, t, g * r)  # Over columns: [b,T,i,u].
     return x, y
 
-  def heads(self, lm_logits: jax.Array, hidden: jax.Array,
-            patches: jax.Array | None = None) -> HeadLogits:
-    """Splits the coordinate and size heads' logits off the hidden states (`patches`: the patch
-    positions' final hidden states, required by the pointer head)."""
+  def heads(self, lm_logits: jax.Array, hidden: jax.Array, patches: jax.Array | None = None, *,
+            pointer: PointerMemory | None = None) -> HeadLogits:
+    """Splits the coordinate and size heads' logits off the hidden states. The pointer head
+    needs `patches` (the patch positions' final hidden states) or their precomputed `pointer`
+    memory (cached decoding)."""
     c = self.config
     coord = jnp.einsum("btd,dk->btk", hidden, self.coord_head[...],
                        preferred_element_type=jnp.float32)
@@ -305,9 +321,11 @@ class PerceptionDetector(nnx.Module):
         jnp.einsum("btd,de,ke->btk", hidden, self.read_x[...], x_code),
         jnp.einsum("btd,de,ke->btk", hidden, self.read_y[...], y_code)], axis=-1)
     if c.pointer_head:
-      if patches is None:
-        raise ValueError("pointer_head needs the patch hidden states")
-      px, py = self.pointer_logits(hidden, patches)
+      if pointer is None:
+        if patches is None:
+          raise ValueError("pointer_head needs the patch hidden states")
+        pointer = self.pointer_memory(patches)
+      px, py = self._pointer_terms(hidden, pointer)
       coord = coord + jnp.concatenate([px, py], axis=-1)
     return HeadLogits(lm=lm_logits, x=coord[..., :c.coord_bins], y=coord[..., c.coord_bins:],
                       w=size[..., :c.size_bins], h=size[..., c.size_bins:])
@@ -344,9 +362,11 @@ class PerceptionDetector(nnx.Module):
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     logits, kv, hidden = self.lm(jnp.zeros((b, t), jnp.int32), embeddings=prompt,
                                  positions=positions, cache=cache.kv, return_hidden=True)
-    patches = hidden[:, :self.config.num_patches] if self.config.pointer_head else None
-    return (self.heads(logits[:, -1:], hidden[:, -1:], patches),
-            DetectorCache(kv, patches))
+    pointer = None
+    if self.config.pointer_head:
+      pointer = self.pointer_memory(hidden[:, :self.config.num_patches])
+    return (self.heads(logits[:, -1:], hidden[:, -1:], pointer=pointer),
+            DetectorCache(kv, pointer))
 
   def decode_step(self, action: Chain,
                   cache: DetectorCache) -> tuple[HeadLogits, DetectorCache]:
@@ -356,4 +376,4 @@ class PerceptionDetector(nnx.Module):
     positions = jnp.full((b, 1), cache.kv.index, jnp.int32)
     logits, kv, hidden = self.lm(jnp.zeros((b, 1), jnp.int32), embeddings=x,
                                  positions=positions, cache=cache.kv, return_hidden=True)
-    return self.heads(logits, hidden, cache.patches), DetectorCache(kv, cache.patches)
+    return self.heads(logits, hidden, pointer=cache.pointer), DetectorCache(kv, cache.pointer)
