@@ -1,6 +1,7 @@
 r"""Sampler throughput: jaxrl_post vs Hugging Face `transformers.generate`, same run.
 
   python scripts/bench_sampler.py                 # CPU: `small`, batch 64, prompt 64, 128 new
+  python scripts/bench_sampler.py --cpu_devices=0 # CPU, one XLA device with its thread pool
   python scripts/bench_sampler.py --skip_transformers --model=qwen3_0p6b   # on a GPU
 
 One JSON line per measurement:
@@ -13,8 +14,12 @@ never stop early (no EOS), and run the same architecture and sizes (random
 weights; speed does not depend on them). Case "n1": 64 distinct prompts;
 case "n8": 8 prompts × 8 samples (we prefill once per prompt and copy the
 cache; transformers expands the prompts with `num_return_sequences`).
-On a GPU the script adds the decode rate as a fraction of the HBM-bandwidth
-roofline, with the bandwidth measured by a device copy in the same run.
+On CPU the host is split into one single-threaded XLA device per core
+(`parallel.host`) and the rows are sharded over them with replicated
+parameters, which is how the sampler uses several cores; transformers gets
+the same cores as intra-op threads. On a GPU the script adds the decode rate
+as a fraction of the HBM-bandwidth roofline, with the bandwidth measured by a
+device copy in the same run.
 """
 
 import json
@@ -24,9 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_post.benchmarking import median_seconds
 from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.parallel import host
+from jaxrl_post.parallel.mesh import REPLICATED_RULES
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
 
@@ -38,17 +46,23 @@ _GROUP = flags.DEFINE_integer("group", 8, "Samples per prompt in the second case
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (median), after a warm-up.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Parameter / compute dtype.")
 _SKIP_HF = flags.DEFINE_bool("skip_transformers", False, "Only time jaxrl_post.")
+_CPU_DEVICES = flags.DEFINE_integer(
+  "cpu_devices", -1, "CPU only: split the host into this many single-threaded devices and shard "
+  "the batch over them (-1: one per core; 0: XLA's default, one device with a thread pool).")
 
 
 def _median_time(fn) -> float:
   return median_seconds(fn, _REPEATS.value)
 
 
-def _ours(model, prompts: np.ndarray, n: int) -> dict:
-  sampler = Sampler(model, max_prompt_len=prompts.shape[1], eos_ids=[])
+def _ours(model, prompts: np.ndarray, n: int, mesh) -> dict:
+  sampler = Sampler(model, max_prompt_len=prompts.shape[1], eos_ids=[], mesh=mesh,
+                    rules=REPLICATED_RULES)
   state = nnx.state(model)
+  if mesh is not None:
+    state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
   tokens, mask, _ = sampler._pad_prompts(prompts.tolist())
-  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  tokens, mask = sampler._put_batch(tokens, mask)
   t = _NEW_TOKENS.value
   cache_len = tokens.shape[1] + t
   static = sampler._static
@@ -114,6 +128,9 @@ def _hbm_bandwidth() -> float:
 
 def main(argv):
   del argv
+  if _CPU_DEVICES.value != 0:
+    host.use_one_cpu_device_per_core(None if _CPU_DEVICES.value < 0 else _CPU_DEVICES.value)
+  mesh = host.data_mesh() if jax.device_count() > 1 else None
   config = get_model_config(_MODEL.value, param_dtype=_DTYPE.value, dtype=_DTYPE.value)
   model = CausalLM(config, rngs=nnx.Rngs(0))
   rng = np.random.RandomState(0)
@@ -121,10 +138,10 @@ def main(argv):
   cases = {"n1": (_BATCH.value, 1), f"n{g}": (_BATCH.value // g, g)}
   common = dict(model=_MODEL.value, dtype=_DTYPE.value, batch=_BATCH.value,
                 prompt_len=_PROMPT_LEN.value, max_new_tokens=_NEW_TOKENS.value,
-                backend=jax.default_backend())
+                backend=jax.default_backend(), devices=jax.device_count())
   for case, (prompts_count, n) in cases.items():
     prompts = rng.randint(3, config.vocab_size, (prompts_count, _PROMPT_LEN.value))
-    ours = _ours(model, prompts, n)
+    ours = _ours(model, prompts, n, mesh)
     row = dict(what="sampler", engine="jaxrl_post", case=case, **common, **ours)
     if jax.default_backend() == "gpu":
       # Each decode step reads every weight and the whole cache once.

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import scipy.stats
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_post import parallel
 from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.parallel import host
+from jaxrl_post.parallel.mesh import REPLICATED_RULES
 from jaxrl_post.sampling import (
   FINISH_EOS,
   FINISH_LENGTH,
@@ -300,3 +302,20 @@ def test_prompt_embeddings_decode_and_score_agree(model):
   by_tokens = rollout(None)
   np.testing.assert_array_equal(np.asarray(by_lookup.tokens), np.asarray(by_tokens.tokens))
   assert not np.array_equal(np.asarray(out.logp), np.asarray(by_tokens.logp))
+
+
+def test_data_parallel_sampling_over_replicated_parameters_gives_the_same_rollout(model):
+  # The CPU recipe of scripts/bench_sampler.py: every device holds the whole
+  # model (REPLICATED_RULES), rows are split over a `data` mesh.
+  mesh = host.data_mesh(jax.devices()[:4])
+  state = jax.device_put(nnx.state(model), NamedSharding(mesh, PartitionSpec()))
+  prompts = PROMPTS + [[2, 2], [5, 6, 7]]
+  kw = dict(n_samples_per_prompt=2, max_new_tokens=6, temperature=0.8, rng=jax.random.key(6))
+  reference = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(None, prompts, **kw)
+  sampler = Sampler(model, max_prompt_len=32, eos_ids=[], mesh=mesh, rules=REPLICATED_RULES)
+  rows, = sampler._put_batch(np.zeros((8, 3), np.int32))
+  assert {s.data.shape for s in rows.addressable_shards} == {(2, 3)}  # 2 rows per device
+  rollout = sampler.generate(state, prompts, **kw)
+  np.testing.assert_array_equal(np.asarray(rollout.completion_tokens),
+                                np.asarray(reference.completion_tokens))
+  np.testing.assert_allclose(np.asarray(rollout.logp), np.asarray(reference.logp), atol=1e-5)

@@ -51,3 +51,13 @@ def test_bench_brax_reports_compile_time_and_steps_per_s():
   assert row["what"] == "ppo_brax" and row["env"] == "reacher"
   assert row["env_steps"] == 16 and row["normalize_obs"] and row["normalize_reward"]
   assert row["compile_s"] > 0 and row["steps_per_s"] > 0 and row["steps_per_s_vs_cartpole"] > 0
+
+
+def test_bench_sampler_splits_the_host_and_compares_with_transformers():
+  rows = _json_lines("bench_sampler.py", "--model=tiny", "--batch=4", "--prompt_len=4",
+                     "--max_new_tokens=4", "--group=2", "--repeats=1", "--cpu_devices=2")
+  assert [r["what"] for r in rows] == ["sampler", "sampler", "sampler_ratio"] * 2
+  ours = [r for r in rows if r.get("engine") == "jaxrl_post"]
+  assert [r["case"] for r in ours] == ["n1", "n2"] and all(r["devices"] == 2 for r in ours)
+  assert all(r["decode_tokens_per_s"] > 0 and r["ttft_s"] > 0 for r in rows if "engine" in r)
+  assert all(r["decode_speedup"] > 0 for r in rows if r["what"] == "sampler_ratio")
