@@ -128,6 +128,38 @@ def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
   return PrefillOutput(last, next_positions, cache)
 
 
+# Phases of at least this many steps, and at most this many phases: each phase
+# compiles the model's decode step once more (≈ 1 s for `small` on CPU).
+MIN_PHASE_STEPS = 16
+MAX_PHASES = 8
+
+
+def decode_phases(max_new_tokens: int) -> list[int]:
+  """Exclusive end steps of the decode phases; steps run from 1 to max_new_tokens − 1.
+
+  Example:
+    >>> decode_phases(128)
+    [19, 37, 55, 74, 92, 110, 128]
+  """
+  steps = max_new_tokens - 1
+  phases = max(1, min(MAX_PHASES, steps // MIN_PHASE_STEPS))
+  return [1 + round(steps * (j + 1) / phases) for j in range(phases)]
+
+
+def resize_cache(cache: KVCache, length: int) -> KVCache:
+  """The cache cut or zero-padded (mask False) to `length` slots."""
+  extra = length - cache.max_len
+  if extra == 0:
+    return cache
+  if extra < 0:
+    return KVCache(k=tuple(k[..., :length] for k in cache.k),
+                   v=tuple(v[:, :, :length] for v in cache.v),
+                   mask=cache.mask[:, :length], index=cache.index)
+  pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
+  return KVCache(k=tuple(pad(k, 3) for k in cache.k), v=tuple(pad(v, 2) for v in cache.v),
+                 mask=pad(cache.mask, 1), index=cache.index)
+
+
 class DecodeOutput(NamedTuple):
   tokens: jax.Array  # int32[batch, max_new_tokens], pad after the end
   mask: jax.Array  # bool[batch, max_new_tokens]
@@ -142,11 +174,19 @@ class DecodeOutput(NamedTuple):
 def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, eos_ids,
            stop_ids, pad_id: int, temperature, top_p, top_k: int, greedy: bool,
            num_logprobs: int) -> DecodeOutput:
-  """Samples up to `max_new_tokens` per row with a `lax.while_loop`.
+  """Samples up to `max_new_tokens` per row with `lax.while_loop`s.
 
   The loop stops as soon as every row has finished. Step i draws with key
   `fold_in(rng, i)`, so results do not depend on how many steps ran before an
   early exit.
+
+  Decoding runs in phases (`decode_phases`): phase j carries a cache cut to
+  the slots written by its last step, so the attention of early steps does
+  not read the empty tail of the buffer. A decode step is bound by reading
+  the cache; with 128 new tokens after a 64-token prompt, 8 phases read 30 %
+  fewer slots than attending over all 192 every step. Between phases the
+  cache is padded (one copy); the last phase ends at the full length, so the
+  returned cache has the input's shape.
 
   Args:
     graphdef, state: the model.
@@ -202,8 +242,17 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
     carry = record(carry, i, choose(logits[:, 0], i))
     return i + 1, carry, positions + 1, cache
 
-  steps, carry, _, cache = jax.lax.while_loop(
-    cond, body, (jnp.int32(1), carry, start.positions, start.cache))
+  loop = (jnp.int32(1), carry, start.positions, start.cache)
+  full = start.cache.max_len
+  for end in decode_phases(max_new_tokens):
+    # Step i writes slot index + i − 1, and a cache that holds every step has
+    # index <= full − max_new_tokens + 1: this phase's slots fit in `length`.
+    length = min(full, full - max_new_tokens + end)
+    i, carry, positions, cache = loop
+    loop = jax.lax.while_loop(
+      lambda loop, end=end: cond(loop) & (loop[0] < end), body,
+      (i, carry, positions, resize_cache(cache, length)))
+  steps, carry, _, cache = loop
   tokens, mask, logp, topk_ids, topk_logp, _, finish = carry
   return DecodeOutput(tokens, mask, logp, finish, topk_ids, topk_logp, steps, cache)
 

@@ -319,3 +319,61 @@ def test_data_parallel_sampling_over_replicated_parameters_gives_the_same_rollou
   np.testing.assert_array_equal(np.asarray(rollout.completion_tokens),
                                 np.asarray(reference.completion_tokens))
   np.testing.assert_allclose(np.asarray(rollout.logp), np.asarray(reference.logp), atol=1e-5)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 16, 17, 40, 128, 129, 1000])
+def test_decode_phases_cover_every_step_once(max_new_tokens):
+  ends = kernels.decode_phases(max_new_tokens)
+  assert ends[-1] == max_new_tokens and len(ends) <= kernels.MAX_PHASES
+  sizes = np.diff([1, *ends])
+  assert (sizes >= 0).all()
+  if len(ends) > 1:
+    assert (sizes >= kernels.MIN_PHASE_STEPS).all()
+
+
+def test_resize_cache_cuts_and_pads_with_empty_slots(model):
+  cache = model.init_cache(2, 8)
+  cache = cache.replace(mask=cache.mask.at[:, :3].set(True))
+  cut = kernels.resize_cache(cache, 5)
+  assert cut.k[0].shape[-1] == 5 and cut.v[0].shape[2] == 5 and cut.mask.shape == (2, 5)
+  grown = kernels.resize_cache(cut, 11)
+  assert grown.k[0].shape[-1] == 11 and grown.v[0].shape[2] == 11
+  np.testing.assert_array_equal(np.asarray(grown.mask[:, 3:]), False)
+  np.testing.assert_array_equal(np.asarray(grown.k[0][..., 5:]), 0.0)
+
+
+def test_phased_decode_matches_one_phase_and_score(model, monkeypatch):
+  # 3-step phases: 24 new tokens run in 7 phases over caches of growing length.
+  graphdef, state = nnx.split(model)
+  tokens = jnp.asarray([[0, 0, 3, 4, 5], [7, 8, 9, 10, 11]], jnp.int32)
+  mask = tokens > 0
+  eos = 17  # ends some rows early: later phases must leave them finished
+
+  def rollout(min_steps, max_phases):
+    monkeypatch.setattr(kernels, "MIN_PHASE_STEPS", min_steps)
+    monkeypatch.setattr(kernels, "MAX_PHASES", max_phases)
+
+    @jax.jit  # a fresh function: the patched constants are read when it traces
+    def run(state):
+      start = kernels.prefill(graphdef, state, tokens, mask, cache_len=5 + 24, num_samples=3)
+      return kernels.decode(graphdef, state, start, jax.random.key(3), max_new_tokens=24,
+                            eos_ids=jnp.asarray([eos]), stop_ids=jnp.asarray([-1]), pad_id=0,
+                            temperature=1.3, top_p=1.0, top_k=0, greedy=False, num_logprobs=0)
+    return run(state)
+
+  assert len(kernels.decode_phases(24)) == 1
+  one = rollout(16, 8)
+  monkeypatch.setattr(kernels, "MIN_PHASE_STEPS", 3)
+  assert len(kernels.decode_phases(24)) == 7
+  phased = rollout(3, 8)
+  np.testing.assert_array_equal(np.asarray(phased.tokens), np.asarray(one.tokens))
+  np.testing.assert_array_equal(np.asarray(phased.finish_reason), np.asarray(one.finish_reason))
+  np.testing.assert_allclose(np.asarray(phased.logp), np.asarray(one.logp), atol=1e-6)
+  assert int(phased.steps) == int(one.steps)
+  assert phased.cache.k[0].shape == one.cache.k[0].shape  # back to the full length
+  # Some rows ended at eos, some ran to the length.
+  assert set(np.asarray(phased.finish_reason).tolist()) == {FINISH_EOS, FINISH_LENGTH}
+  m = np.asarray(phased.mask)
+  scored = kernels.score_model(model, jnp.repeat(tokens, 3, 0), jnp.repeat(mask, 3, 0),
+                               phased.tokens, phased.mask, temperature=1.3)
+  np.testing.assert_allclose(np.asarray(phased.logp)[m], np.asarray(scored.logp)[m], atol=1e-5)
