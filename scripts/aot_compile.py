@@ -206,8 +206,22 @@ def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> 
 
 
 def _peak_rss_bytes() -> int:
-  # ru_maxrss is in KiB on Linux: proof that no model-sized buffer was allocated.
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  """This process's peak resident memory: proof that no model-sized buffer was allocated.
+
+  Linux's `VmHWM` belongs to the current program image. `ru_maxrss` is not
+  enough: it keeps the peak from before `exec`, and a child started with
+  vfork or posix_spawn (Python's `subprocess` does this) inherits its
+  parent's peak. A test suite worker that has grown to a few GB passes that
+  peak on to the script.
+  """
+  try:
+    with open("/proc/self/status") as status:
+      for line in status:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024  # kB
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def main(argv):
