@@ -310,7 +310,9 @@ def test_data_parallel_sampling_over_replicated_parameters_gives_the_same_rollou
   mesh = host.data_mesh(jax.devices()[:4])
   state = jax.device_put(nnx.state(model), NamedSharding(mesh, PartitionSpec()))
   prompts = PROMPTS + [[2, 2], [5, 6, 7]]
-  kw = dict(n_samples_per_prompt=2, max_new_tokens=6, temperature=0.8, rng=jax.random.key(6))
+  # 40 new tokens: two decode phases, so the sharded cache is also cut and padded.
+  assert len(kernels.decode_phases(40)) == 2
+  kw = dict(n_samples_per_prompt=2, max_new_tokens=40, temperature=0.8, rng=jax.random.key(6))
   reference = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(None, prompts, **kw)
   sampler = Sampler(model, max_prompt_len=32, eos_ids=[], mesh=mesh, rules=REPLICATED_RULES)
   rows, = sampler._put_batch(np.zeros((8, 3), np.int32))
