@@ -190,7 +190,8 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
 
   Args:
     graphdef, state: the model.
-    start: `prefill` output. Donate its cache: the returned cache aliases it.
+    start: `prefill` output. Donate its cache: XLA reuses its buffer (with
+      one phase the returned cache aliases it).
     rng: PRNG key.
     max_new_tokens: static budget.
     eos_ids, stop_ids: `int32[k]` token ids that end a row (−1 entries are
