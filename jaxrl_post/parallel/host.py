@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 
 import jax
-import numpy as np
 from jax._src import xla_bridge
 from jax.sharding import Mesh
+
+from jaxrl_post.parallel import mesh as mesh_lib
 
 _SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
@@ -60,10 +61,10 @@ def use_one_cpu_device_per_core(num_devices: int | None = None) -> int:
   return num_devices
 
 
-def data_mesh(devices=None, axis_names: tuple[str, ...] = ("data", "fsdp", "tensor")) -> Mesh:
-  """A mesh with every device on its first axis (pure data parallelism).
+def data_mesh(devices=None) -> Mesh:
+  """A `("data", "fsdp", "tensor")` mesh with every device on `data` (pure data parallelism).
 
-  The other axes have size 1, so rule tables that name them still apply.
+  `mesh.make_mesh` of the default `mesh_config` with `ici_data=-1`; the other
+  axes have size 1, so rule tables that name them still apply.
   """
-  devices = np.asarray(jax.devices() if devices is None else devices)
-  return Mesh(devices.reshape((-1,) + (1,) * (len(axis_names) - 1)), axis_names)
+  return mesh_lib.make_mesh(mesh_lib.mesh_config(ici={"data": -1}), devices=devices)
