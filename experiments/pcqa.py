@@ -125,10 +125,11 @@ def main(argv):
   # parts of the source train split (`pcqa.holdout_pools`).
   capable_steps = int(config.get("capable_steps", 0))
   num_train = len(train.mos)
-  pools = pcqa.holdout_pools(num_train, config.get("capable_holdout", 0.0) if capable_steps else 0)
-  if pools and config.batch_size > min(len(p) for p in pools.values()):
-    raise ValueError(f"config.capable_holdout={config.capable_holdout} leaves fewer than "
-                     f"config.batch_size={config.batch_size} clouds on one side of the split")
+  try:
+    pools = pcqa.holdout_pools(num_train, config.get("capable_holdout", 0.0) if capable_steps
+                               else 0, config.batch_size)
+  except ValueError as e:
+    raise ValueError(f"config.capable_holdout: {e}") from None
 
   def batch_index(seed, stage, step):
     rng = np.random.default_rng([seed, stage, step])

@@ -129,8 +129,10 @@ class Chain(NamedTuple):
   h: jax.Array
 
 
-def _param(rngs, shape, logical_axes, dtype):
-  value = (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+def _param(rngs, shape, logical_axes, dtype, fan_in=None):
+  """Normal init in `dtype`: std `_INIT_STD`, or 1/√fan_in when `fan_in` is given."""
+  std = _INIT_STD if fan_in is None else fan_in**-0.5
+  value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
   return nnx.Param(value, out_sharding=logical_axes, eager_sharding=False)
 
 
@@ -153,15 +155,13 @@ class PatchEncoder(nnx.Module):
     self.config = config
     patch_dim = c.patch_size * c.patch_size * c.channels
     grid = c.image_size // c.patch_size
-    self.proj = nnx.Param(jax.random.normal(rngs.params(), (patch_dim, d)) / jnp.sqrt(patch_dim),
-                          out_sharding=(None, axes.EMBED), eager_sharding=False)
+    self.proj = _param(rngs, (patch_dim, d), (None, axes.EMBED), dt, fan_in=patch_dim)
     self.row = _param(rngs, (grid, d), (None, axes.EMBED), dt)
     self.col = _param(rngs, (grid, d), (None, axes.EMBED), dt)
     self.mlp_in = _param(rngs, (d, 2 * d), (axes.EMBED, axes.MLP), dt)
     self.mlp_out = _param(rngs, (2 * d, d), (axes.MLP, axes.EMBED), dt)
     if c.conv_stem:
-      self.conv = nnx.Param(jax.random.normal(rngs.params(), (3, 3, d, d)) / jnp.sqrt(9 * d),
-                            out_sharding=(None, None, None, axes.EMBED), eager_sharding=False)
+      self.conv = _param(rngs, (3, 3, d, d), (None, None, None, axes.EMBED), dt, fan_in=9 * d)
 
   def __call__(self, images: jax.Array) -> jax.Array:
     c = self.config
@@ -216,20 +216,16 @@ class PerceptionDetector(nnx.Module):
       # features and the same learned maps, so that attention can match a patch to the
       # previous instance, and the coordinate head can read a copied patch position, from the
       # first step (with independent tables SFT's coordinate NLL plateaued, see docs).
-      self.pos_x = nnx.Param(jax.random.normal(rngs.params(), (f, d)) / jnp.sqrt(f),
-                             out_sharding=(None, axes.EMBED), eager_sharding=False)
-      self.pos_y = nnx.Param(jax.random.normal(rngs.params(), (f, d)) / jnp.sqrt(f),
-                             out_sharding=(None, axes.EMBED), eager_sharding=False)
+      self.pos_x = _param(rngs, (f, d), (None, axes.EMBED), dt, fan_in=f)
+      self.pos_y = _param(rngs, (f, d), (None, axes.EMBED), dt, fan_in=f)
       self.read_x = _param(rngs, (d, d), (axes.EMBED, None), dt)
       self.read_y = _param(rngs, (d, d), (axes.EMBED, None), dt)
     if c.pointer_head:
       # Pointer: score(t, p) = (h_t W_q)·(v_p W_k)/√d over the patches' final hidden states v_p,
       # plus per-patch offset logits v_p W_ox (x bins inside the patch column), v_p W_oy.
       r = c.coord_bins // c.grid
-      self.ptr_q = nnx.Param(jax.random.normal(rngs.params(), (d, d)) / jnp.sqrt(d),
-                             out_sharding=(axes.EMBED, None), eager_sharding=False)
-      self.ptr_k = nnx.Param(jax.random.normal(rngs.params(), (d, d)) / jnp.sqrt(d),
-                             out_sharding=(axes.EMBED, None), eager_sharding=False)
+      self.ptr_q = _param(rngs, (d, d), (axes.EMBED, None), dt, fan_in=d)
+      self.ptr_k = _param(rngs, (d, d), (axes.EMBED, None), dt, fan_in=d)
       self.ptr_off = _param(rngs, (d, 2 * r), (axes.EMBED, None), dt)
 
   def _bin_codes(self) -> tuple[jax.Array, jax.Array]:

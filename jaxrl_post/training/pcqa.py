@@ -140,12 +140,13 @@ def decode_completions(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[
 STAGE_BASE, STAGE_SFT, STAGE_GRPO, STAGE_REGRESSION, STAGE_CAPABLE = 0, 1, 2, 3, 4
 
 
-def holdout_pools(num_train: int, holdout: float) -> dict[int, np.ndarray]:
+def holdout_pools(num_train: int, holdout: float, batch_size: int = 1) -> dict[int, np.ndarray]:
   """Train-split indices per data stage for a capable start with held-out RL prompts.
 
   The capable stage gets the first `num_train − round(holdout · num_train)` samples, the
   methods after it (SFT / cold start, GRPO) the rest, so that they train on clouds the capable
   policy has not memorised; stages without a pool (base, regression) use the whole split.
+  Batches are drawn without replacement, so each side must hold at least `batch_size`.
 
   Returns:
     `{stage: int indices}`; empty when `holdout` is 0.
@@ -153,8 +154,10 @@ def holdout_pools(num_train: int, holdout: float) -> dict[int, np.ndarray]:
   num_held = int(round(holdout * num_train))
   if not num_held:
     return {}
-  if num_held >= num_train:
-    raise ValueError(f"holdout={holdout} leaves no training sample for the capable stage")
+  if min(num_held, num_train - num_held) < batch_size:
+    raise ValueError(f"holdout={holdout} of {num_train} training clouds leaves "
+                     f"{num_train - num_held} for the capable stage and {num_held} after it, "
+                     f"fewer than batch_size={batch_size} on one side")
   held = np.arange(num_train - num_held, num_train)
   return {STAGE_CAPABLE: np.arange(num_train - num_held), STAGE_SFT: held, STAGE_GRPO: held}
 

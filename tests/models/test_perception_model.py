@@ -11,8 +11,9 @@ from jaxrl_post.models.perception import Chain, PatchEncoder, PerceptionConfig, 
 from jaxrl_post.tasks import dense_scenes as ds
 
 
-def _model(seed=0, image_size=16, fourier_features=0, pointer_head=False, conv_stem=False):
-  lm = get_model_config("tiny", vocab_size=ds.VOCAB_SIZE, num_layers=1)
+def _model(seed=0, image_size=16, fourier_features=0, pointer_head=False, conv_stem=False,
+           **lm_overrides):
+  lm = get_model_config("tiny", vocab_size=ds.VOCAB_SIZE, num_layers=1, **lm_overrides)
   cfg = PerceptionConfig(lm, image_size=image_size, patch_size=8, coord_bins=32, size_bins=8,
                          fourier_features=fourier_features, pointer_head=pointer_head,
                          conv_stem=conv_stem)
@@ -46,6 +47,14 @@ def test_patch_encoder_order_and_shape_errors():
     enc(jnp.zeros((1, 8, 8, 3)))
   with pytest.raises(ValueError, match="not a multiple of patch_size"):
     PerceptionConfig(get_model_config("tiny"), image_size=20, patch_size=8)
+
+
+def test_every_parameter_is_built_in_the_configured_dtype():
+  model = _model(fourier_features=8, pointer_head=True, conv_stem=True, param_dtype="bfloat16")
+  dtypes = {jax.tree_util.keystr(path): leaf.dtype for path, leaf in
+            jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
+  assert {"ptr_q", "ptr_k", "conv", "proj", "pos_x"} <= {k.split("'")[-2] for k in dtypes}
+  assert set(dtypes.values()) == {jnp.dtype(jnp.bfloat16)}, dtypes
 
 
 @pytest.mark.parametrize("fourier_features", [0, 16])

@@ -300,5 +300,8 @@ def test_holdout_pools_split_the_source_between_capable_and_later_stages():
   for stage in (pcqa.STAGE_SFT, pcqa.STAGE_GRPO):
     np.testing.assert_array_equal(pools[stage], [7, 8, 9])
   assert pcqa.STAGE_BASE not in pools and pcqa.STAGE_REGRESSION not in pools
-  with pytest.raises(ValueError, match="holdout"):
+  with pytest.raises(ValueError, match="leaves 0 for the capable stage"):
     pcqa.holdout_pools(3, 0.99)
+  assert len(pcqa.holdout_pools(10, 0.3, batch_size=3)[pcqa.STAGE_SFT]) == 3
+  with pytest.raises(ValueError, match="3 after it, fewer than batch_size=4"):
+    pcqa.holdout_pools(10, 0.3, batch_size=4)
