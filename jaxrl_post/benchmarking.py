@@ -15,22 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def median_seconds(fn: Callable[..., object], repeats: int = 3,
-                   setup: Callable[[], object] | None = None) -> float:
+def median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
   """Median wall clock of `fn()` over `repeats` calls, after one untimed warm-up call.
 
-  `fn` must block until its work is done (`jax.block_until_ready`). With `setup`,
-  every call (the warm-up too) is `fn(setup())` and only `fn` is timed: the way to
-  time a stage whose input is consumed (a donated KV cache) without timing the
-  stage that makes it, instead of subtracting two noisy medians.
+  `fn` must block until its work is done (`jax.block_until_ready`).
   """
-  call = fn if setup is None else (lambda: fn(setup()))
-  call()
+  fn()
   times = []
   for _ in range(repeats):
-    args = () if setup is None else (setup(),)
     start = time.perf_counter()
-    fn(*args)
+    fn()
     times.append(time.perf_counter() - start)
   return float(np.median(times))
 

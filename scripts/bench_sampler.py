@@ -17,13 +17,17 @@ cache; transformers expands the prompts with `num_return_sequences`).
 On CPU the host is split into one single-threaded XLA device per core
 (`parallel.host`) and the rows are sharded over them with replicated
 parameters, which is how the sampler uses several cores; transformers gets
-the same cores as intra-op threads. On a GPU the script adds the decode rate
+the same cores as intra-op threads. The two engines are timed in alternating
+rounds, so that a drift of the host's speed falls on both; decode is timed on
+its own in each round (ours after an untimed prefill; transformers from a
+logits-processor clock inside one `generate`). On a GPU the script adds the decode rate
 as a fraction of the HBM-bandwidth roofline, with the bandwidth measured by a
 device copy in the same run.
 """
 
 import json
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +48,8 @@ _BATCH = flags.DEFINE_integer("batch", 64, "Rows generated together.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.")
 _NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 128, "Generated tokens per row.")
 _GROUP = flags.DEFINE_integer("group", 8, "Samples per prompt in the second case.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (median), after a warm-up.")
+_REPEATS = flags.DEFINE_integer(
+  "repeats", 3, "Timed rounds per engine (median), after a warm-up round; engines alternate.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Parameter / compute dtype.")
 _SKIP_HF = flags.DEFINE_bool("skip_transformers", False, "Only time jaxrl_post.")
 _CPU_DEVICES = flags.DEFINE_integer(
@@ -52,11 +57,14 @@ _CPU_DEVICES = flags.DEFINE_integer(
   "the batch over them (-1: one per core; 0: XLA's default, one device with a thread pool).")
 
 
-def _median_time(fn, setup=None) -> float:
-  return median_seconds(fn, _REPEATS.value, setup)
+def _timed(fn, *args) -> tuple[float, object]:
+  start = time.perf_counter()
+  out = fn(*args)
+  return time.perf_counter() - start, out
 
 
-def _ours(model, prompts: np.ndarray, n: int, mesh) -> dict:
+def _ours(model, prompts: np.ndarray, n: int, mesh) -> Callable[[], dict[str, float]]:
+  """One timed round of jaxrl_post: prefill (TTFT), decode alone, and a whole `generate`."""
   sampler = Sampler(model, max_prompt_len=prompts.shape[1], eos_ids=[], mesh=mesh,
                     rules=REPLICATED_RULES)
   state = nnx.state(model)
@@ -79,18 +87,21 @@ def _ours(model, prompts: np.ndarray, n: int, mesh) -> dict:
       jnp.float32(1.0), jnp.float32(1.0), max_new_tokens=t, top_k=0, greedy=False,
       num_logprobs=0, pad_id=0, **static))
 
-  ttft = _median_time(prefill)
-  decode_s = _median_time(decode, setup=prefill)  # a fresh prefill each time: the cache is donated
-  total = _median_time(lambda: sampler.generate(state, prompts.tolist(), n_samples_per_prompt=n,
-                                                max_new_tokens=t, rng=jax.random.key(1))
-                       .completion_tokens.block_until_ready())
-  rows = prompts.shape[0] * n
-  return dict(ttft_s=ttft, prefill_tokens_per_s=prompts.size / ttft,
-              decode_tokens_per_s=rows * (t - 1) / decode_s, total_s=total,
-              total_tokens_per_s=rows * t / total)
+  def generate():
+    return sampler.generate(state, prompts.tolist(), n_samples_per_prompt=n, max_new_tokens=t,
+                            rng=jax.random.key(1)).completion_tokens.block_until_ready()
+
+  def one_round():
+    ttft, start = _timed(prefill)
+    decode_s, _ = _timed(decode, start)  # timed on its own: a fresh prefill, the cache is donated
+    total, _ = _timed(generate)
+    return dict(ttft_s=ttft, decode_s=decode_s, total_s=total)
+
+  return one_round
 
 
-def _transformers(config, prompts: np.ndarray, n: int) -> dict:
+def _transformers(config, prompts: np.ndarray, n: int) -> Callable[[], dict[str, float]]:
+  """One timed round of `transformers.generate`: 1 new token (TTFT), then all of them."""
   import torch
   import transformers
 
@@ -103,8 +114,6 @@ def _transformers(config, prompts: np.ndarray, n: int) -> dict:
   model = model.to(getattr(torch, _DTYPE.value))
   ids = torch.tensor(prompts, dtype=torch.long)
   attention = torch.ones_like(ids)
-  t = _NEW_TOKENS.value
-
   stamps = []
 
   def stamp(input_ids, scores):
@@ -115,28 +124,50 @@ def _transformers(config, prompts: np.ndarray, n: int) -> dict:
 
   def generate(new_tokens):
     stamps.clear()
-    start = time.perf_counter()
     with torch.no_grad():
       model.generate(input_ids=ids, attention_mask=attention, do_sample=True, temperature=1.0,
                      top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                      num_return_sequences=n, use_cache=True, pad_token_id=0,
                      logits_processor=transformers.LogitsProcessorList([stamp]))
-    return time.perf_counter() - start, stamps[-1] - stamps[0]
+    return stamps[-1] - stamps[0]
 
-  ttft = _median_time(lambda: generate(1))
-  generate(t)  # warm-up
-  # Decode is timed inside each call, never as the difference of two noisy medians.
-  total, decode_s = map(float, np.median([generate(t) for _ in range(_REPEATS.value)], axis=0))
-  rows = prompts.shape[0] * n
-  return dict(ttft_s=ttft, prefill_tokens_per_s=prompts.size * n / ttft,
-              decode_tokens_per_s=rows * (t - 1) / decode_s, total_s=total,
-              total_tokens_per_s=rows * t / total, torch_threads=torch.get_num_threads())
+  def one_round():
+    ttft, _ = _timed(generate, 1)
+    total, decode_s = _timed(generate, _NEW_TOKENS.value)
+    return dict(ttft_s=ttft, decode_s=decode_s, total_s=total,
+                torch_threads=torch.get_num_threads())
+
+  return one_round
+
+
+def _interleaved(rounds: dict[str, Callable[[], dict]]) -> dict[str, dict[str, float]]:
+  """Per engine, the median of every timing (`*_s`) over `--repeats` rounds after a warm-up.
+
+  The engines alternate round by round, so that a drift of the host's speed (±20 % within
+  minutes on a shared VM) falls on both and cancels in their ratio.
+  """
+  for one_round in rounds.values():
+    one_round()
+  results = {name: [] for name in rounds}
+  for _ in range(_REPEATS.value):
+    for name, one_round in rounds.items():
+      results[name].append(one_round())
+  return {name: {key: float(np.median([r[key] for r in runs])) if key.endswith("_s")
+                 else runs[0][key] for key in runs[0]}
+          for name, runs in results.items()}
+
+
+def _rates(timings: dict[str, float], prefill_tokens: int, rows: int) -> dict[str, float]:
+  t = _NEW_TOKENS.value
+  return dict(timings, prefill_tokens_per_s=prefill_tokens / timings["ttft_s"],
+              decode_tokens_per_s=rows * (t - 1) / timings["decode_s"],
+              total_tokens_per_s=rows * t / timings["total_s"])
 
 
 def _hbm_bandwidth() -> float:
   x = jnp.ones((256 * 1024 * 1024,), jnp.float32)  # 1 GiB
   copy = jax.jit(lambda x: x * 1.0001)
-  seconds = _median_time(lambda: copy(x).block_until_ready())
+  seconds = median_seconds(lambda: copy(x).block_until_ready(), _REPEATS.value)
   return 2 * x.nbytes / seconds  # read + write
 
 
@@ -155,7 +186,13 @@ def main(argv):
                 backend=jax.default_backend(), devices=jax.device_count())
   for case, (prompts_count, n) in cases.items():
     prompts = rng.randint(3, config.vocab_size, (prompts_count, _PROMPT_LEN.value))
-    ours = _ours(model, prompts, n, mesh)
+    rounds = {"jaxrl_post": _ours(model, prompts, n, mesh)}
+    if not _SKIP_HF.value:
+      rounds["transformers"] = _transformers(config, prompts, n)
+    timings = _interleaved(rounds)
+    rows = prompts_count * n
+    # We prefill each prompt once; transformers prefills its n expanded copies.
+    ours = _rates(timings["jaxrl_post"], prompts.size, rows)
     row = dict(what="sampler", engine="jaxrl_post", case=case, **common, **ours)
     if jax.default_backend() == "gpu":
       # Each decode step reads every weight and the whole cache once.
@@ -170,7 +207,7 @@ def main(argv):
     print(json.dumps(row), flush=True)
     if _SKIP_HF.value:
       continue
-    theirs = _transformers(config, prompts, n)
+    theirs = _rates(timings["transformers"], prompts.size * n, rows)
     print(json.dumps(dict(what="sampler", engine="transformers", case=case, **common, **theirs)),
           flush=True)
     print(json.dumps(dict(
