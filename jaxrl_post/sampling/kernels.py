@@ -76,14 +76,23 @@ class TokenChoice(NamedTuple):
 
 
 def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature, top_k: int, top_p,
-                  greedy: bool, num_logprobs: int) -> TokenChoice:
-  """Draws one token per row from `logits` `[batch, vocab]`."""
+                  greedy: bool, num_logprobs: int, row_ids: jax.Array | None = None) -> TokenChoice:
+  """Draws one token per row from `logits` `[batch, vocab]`.
+
+  Row r draws with the key `fold_in(rng, row_ids[r])` (default `row_ids =
+  arange(batch)`): a row's draw depends on its global row number only, not on
+  which device holds it or how many rows share the call, so data-parallel
+  decoding with one loop per shard gives the same samples as one global loop.
+  """
   scaled = logits.astype(jnp.float32) / temperature
   logp_all = jax.nn.log_softmax(scaled, axis=-1)
   if greedy:
     token = jnp.argmax(scaled, axis=-1)
   else:
-    token = jax.random.categorical(rng, filter_logits(scaled, top_k=top_k, top_p=top_p))
+    if row_ids is None:
+      row_ids = jnp.arange(logits.shape[0], dtype=jnp.int32)
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, row_ids)
+    token = jax.vmap(jax.random.categorical)(keys, filter_logits(scaled, top_k=top_k, top_p=top_p))
   token = token.astype(jnp.int32)
   logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
   topk_ids = topk_logp = None
@@ -173,12 +182,14 @@ class DecodeOutput(NamedTuple):
 
 def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, eos_ids,
            stop_ids, pad_id: int, temperature, top_p, top_k: int, greedy: bool,
-           num_logprobs: int) -> DecodeOutput:
+           num_logprobs: int, first_row: jax.Array | int = 0) -> DecodeOutput:
   """Samples up to `max_new_tokens` per row with `lax.while_loop`s.
 
-  The loop stops as soon as every row has finished. Step i draws with key
-  `fold_in(rng, i)`, so results do not depend on how many steps ran before an
-  early exit.
+  The loop stops as soon as every row has finished. Step i draws row r with
+  the key `fold_in(fold_in(rng, i), first_row + r)`, so results depend neither
+  on how many steps ran before an early exit nor on how the rows are split
+  over devices (`first_row` is the global number of this call's first row
+  when each data shard runs its own loop, see `sampler._decode`).
 
   Decoding runs in phases (`decode_phases`): phase j carries a cache cut to
   the slots written by its last step, so the attention of early steps does
@@ -198,13 +209,15 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
       ignored), reported as FINISH_EOS / FINISH_STOP.
     pad_id: written after a row's end.
     temperature, top_p: scalars; top_k, greedy, num_logprobs: static.
+    first_row: global row number of this call's row 0 (names the rows' keys).
   """
   model = nnx.merge(graphdef, state)
   batch = start.logits.shape[0]
   k = num_logprobs
+  row_ids = first_row + jnp.arange(batch, dtype=jnp.int32)
   choose = lambda logits, i: choose_tokens(  # noqa: E731
     logits, jax.random.fold_in(rng, i), temperature=temperature, top_k=top_k, top_p=top_p,
-    greedy=greedy, num_logprobs=k)
+    greedy=greedy, num_logprobs=k, row_ids=row_ids)
 
   def record(carry, i, choice):
     tokens, mask, logp, topk_ids, topk_logp, done, finish = carry[:7]

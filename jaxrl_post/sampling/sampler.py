@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxrl_post.models.transformer import CausalLM
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
-from jaxrl_post.parallel.mesh import put_batch
+from jaxrl_post.parallel.mesh import batch_mesh_axes, put_batch
 from jaxrl_post.parallel.multihost import to_host
 from jaxrl_post.sampling import kernels
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
@@ -229,17 +230,66 @@ def _prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_sampl
                            num_samples=num_samples)
 
 
+def _data_shards(mesh: Mesh | None, rules: Rules, batch: int) -> tuple[str, ...]:
+  """The batch's mesh axes if every device holds only its own rows, else ().
+
+  That is pure data parallelism: the batch axes cover the whole mesh (nothing
+  else is split) and divide the batch.
+  """
+  if mesh is None:
+    return ()
+  names = batch_mesh_axes(mesh, rules)
+  shards = math.prod(mesh.shape[name] for name in names)
+  if shards < 2 or shards != mesh.size or batch % shards:
+    return ()
+  return names
+
+
 # The cache is donated: decode updates it in place and returns it aliased.
 @functools.partial(jax.jit, donate_argnums=(1,), static_argnames=(
   "graphdef", "mesh", "rules", "max_new_tokens", "top_k", "greedy", "num_logprobs", "pad_id"))
 def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p, *,
             graphdef, mesh, rules, max_new_tokens, top_k, greedy, num_logprobs, pad_id):
-  start = kernels.PrefillOutput(logits, positions, cache)
-  with _context(mesh, rules):
-    return kernels.decode(graphdef, state, start, rng, max_new_tokens=max_new_tokens,
-                          eos_ids=eos_ids, stop_ids=stop_ids, pad_id=pad_id,
-                          temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                          num_logprobs=num_logprobs)
+  """`kernels.decode`; under pure data parallelism, one loop per device.
+
+  One global loop ends each step with a cross-device reduction (has every row
+  finished?), which makes all devices wait for the slowest at every step. On a
+  CPU host split into one device per core that cost 8 % of the decode time
+  (docs/benchmarks.md). When each device holds its own rows and a full copy of
+  the rest, `shard_map` runs `kernels.decode` on every device's rows instead:
+  each loop exits when its own rows are done, and the only collectives are two
+  maxima at the end. Rows draw with keys named by their global row number
+  (`first_row`), so the samples are the same either way.
+  """
+  def run(cache, logits, positions, state, rng, eos_ids, stop_ids, temperature, top_p,
+          first_row=0):
+    return kernels.decode(graphdef, state, kernels.PrefillOutput(logits, positions, cache), rng,
+                          max_new_tokens=max_new_tokens, eos_ids=eos_ids, stop_ids=stop_ids,
+                          pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k,
+                          greedy=greedy, num_logprobs=num_logprobs, first_row=first_row)
+
+  shared = (state, rng, eos_ids, stop_ids, temperature, top_p)
+  data = _data_shards(mesh, rules, logits.shape[0])
+  if not data:
+    with _context(mesh, rules):
+      return run(cache, logits, positions, *shared)
+
+  def local(cache, logits, positions, *shared):
+    out = run(cache, logits, positions, *shared,
+              first_row=jax.lax.axis_index(data) * logits.shape[0])
+    # The loops may end at different steps: report the longest.
+    cache = out.cache.replace(index=jax.lax.pmax(out.cache.index, data))
+    return out._replace(steps=jax.lax.pmax(out.steps, data), cache=cache)
+
+  rows = PartitionSpec(data)
+  cache_spec = type(cache)(k=(rows,) * len(cache.k), v=(rows,) * len(cache.v), mask=rows,
+                           index=PartitionSpec())
+  top = rows if num_logprobs else None
+  out_specs = kernels.DecodeOutput(rows, rows, rows, rows, top, top, PartitionSpec(), cache_spec)
+  # check_vma=False: the loop carries mix per-device rows with replicated
+  # counters, which the varying-axes checker would make us annotate by hand.
+  return jax.shard_map(local, mesh=mesh, in_specs=(cache_spec, rows, rows) + (PartitionSpec(),) * 6,
+                       out_specs=out_specs, check_vma=False)(cache, logits, positions, *shared)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k"))

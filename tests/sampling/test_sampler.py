@@ -1,5 +1,7 @@
 """Sampler: greedy = argmax of the full forward, distributions, masks, ends, agreement."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +23,7 @@ from jaxrl_post.sampling import (
   kernels,
   rollout_metrics,
 )
-from jaxrl_post.sampling.sampler import _decode, _prefill
+from jaxrl_post.sampling.sampler import _data_shards, _decode, _end_ids, _prefill
 from jaxrl_post.tokenizers import CharTokenizer
 
 VOCAB = 32
@@ -321,6 +323,48 @@ def test_data_parallel_sampling_over_replicated_parameters_gives_the_same_rollou
   np.testing.assert_array_equal(np.asarray(rollout.completion_tokens),
                                 np.asarray(reference.completion_tokens))
   np.testing.assert_allclose(np.asarray(rollout.logp), np.asarray(reference.logp), atol=1e-5)
+
+
+def test_data_parallel_decode_runs_one_loop_per_device(model):
+  # Pure data parallelism: every device decodes its own rows in its own loop,
+  # so no reduction runs per step; samples, finish reasons and the reported
+  # step count equal those of one global loop, also when the devices' loops
+  # end at different steps.
+  mesh = host.data_mesh(jax.devices()[:2])
+  assert _data_shards(mesh, REPLICATED_RULES, 4) == ("data",)
+  assert _data_shards(mesh, REPLICATED_RULES, 3) == ()  # rows do not divide: one global loop
+  cube = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  assert _data_shards(cube, parallel.DEFAULT_RULES, 8) == ()  # parameters are split too
+  budget = 64  # 3 decode phases: one global loop would reduce in each
+  free = Sampler(model, max_prompt_len=16, eos_ids=[]).generate(
+    None, [[3, 4, 5]], max_new_tokens=budget, greedy=True)
+  eos = int(free.completion_tokens[0, 2])  # a token the model likes: rows end at varied steps
+
+  def run(mesh):
+    sampler = Sampler(model, max_prompt_len=16, eos_ids=[eos], mesh=mesh, rules=REPLICATED_RULES)
+    tokens, mask, _ = sampler._pad_prompts([[3, 4, 5], [7, 8], [3, 4, 5], [9]])
+    tokens, mask = sampler._put_batch(tokens, mask)
+    start = _prefill(sampler._default_state, tokens, mask, cache_len=16 + budget, num_samples=1,
+                     **sampler._static)
+    args = (sampler._default_state, start.cache, start.logits, start.positions,
+            jax.random.key(3), _end_ids([eos], "eos"), _end_ids([], "stop"), jnp.float32(0.7),
+            jnp.float32(1.0))
+    kw = dict(max_new_tokens=budget, top_k=0, greedy=False, num_logprobs=2, pad_id=0,
+              **sampler._static)
+    hlo = _decode.lower(*args, **kw).compile().as_text()
+    return _decode(*args, **kw), len(re.findall(r"all-reduce(?:-start)?\(", hlo))
+
+  reference, _ = run(None)
+  local, reductions = run(mesh)
+  assert reductions <= 2  # the two maxima at the end (steps, cache index), none per step
+  for name in ("tokens", "mask", "finish_reason", "steps", "topk_ids"):
+    np.testing.assert_array_equal(np.asarray(getattr(local, name)),
+                                  np.asarray(getattr(reference, name)), err_msg=name)
+  np.testing.assert_allclose(np.asarray(local.logp), np.asarray(reference.logp), atol=1e-5)
+  lengths = np.asarray(local.mask).sum(-1)
+  # Device 0 holds rows 0-1, device 1 rows 2-3: their loops end at different steps.
+  assert lengths[:2].max() != lengths[2:].max(), lengths
+  assert int(local.steps) == lengths.max()
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 16, 17, 40, 128, 129, 1000])
