@@ -61,12 +61,20 @@ class KVCache:
     index: `int32[]`, the next slot to write. All rows write the same slot;
       per-row positions come from the caller, which is what makes left-padded
       batches work.
+    prefix_k, prefix_v, prefix_mask: optional prompt slots shared by groups of
+      rows (n samples per prompt): per layer `[groups, kv_heads, head_dim,
+      prefix_len]` and `[groups, kv_heads, prefix_len, head_dim]`, and
+      `bool[groups, prefix_len]`; rows g·n … g·n + n − 1 attend to group g's
+      prefix before their own slots (`cascade_attention`). Empty without.
   """
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   mask: jax.Array
   index: jax.Array
+  prefix_k: tuple[jax.Array, ...] = ()
+  prefix_v: tuple[jax.Array, ...] = ()
+  prefix_mask: jax.Array | None = None
 
   # Logical axis names of the buffers (sharding rules map them to mesh axes).
   K_AXES = (axes.BATCH, axes.KV_HEADS, axes.HEAD_DIM, axes.CACHE_LENGTH)
@@ -134,6 +142,55 @@ def cached_attention(q, k_t, v, mask, scale):
   return out.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
+def cascade_attention(q, prefix_k_t, prefix_v, prefix_mask, k_t, v, mask, scale):
+  """One decode step of attention over a prompt cache shared by groups of rows.
+
+  With n samples per prompt, rows g·n … g·n + n − 1 share their prompt's keys
+  and values. Keeping those once per group (`prefix_*`) and only the
+  generated tokens per row (`k_t`, `v`) reads each prompt slot once per group
+  instead of once per row: the "cascade" / shared-prefix attention of
+  Hydragen (arXiv:2402.05099) and FlashInfer. The softmax runs over prefix and
+  row slots together, so the result equals attention over the concatenation
+  `[prefix, row]` up to float rounding.
+
+  Args:
+    q: `[batch, 1, heads, head_dim]`, batch = groups · n.
+    prefix_k_t: `[groups, kv_heads, head_dim, prefix_len]`; prefix_v
+      `[groups, kv_heads, prefix_len, head_dim]`; prefix_mask
+      `bool[groups, prefix_len]`.
+    k_t, v, mask: the rows' own slots, as in `cached_attention` (`mask`
+      `bool[batch, 1, length]`).
+    scale: logit scale, head_dim^-1/2.
+
+  Returns:
+    `[batch, 1, heads, head_dim]`.
+  """
+  b, t, n, h = q.shape
+  groups, kv, _, p = prefix_k_t.shape
+  r, g = b // groups, n // kv
+  if t != 1 or groups * r != b:
+    raise ValueError(f"cascade attention decodes one token for groups of rows; got q {q.shape} "
+                     f"and a prefix for {groups} groups")
+  # Prefix: the group's rows and query heads fold into one [r·g, h] block per
+  # (group, kv head), so the prefix is streamed once per group.
+  q_groups = q.reshape(groups, r, kv, g, h).transpose(0, 2, 1, 3, 4).reshape(groups, kv, r * g, h)
+  prefix_logits = jnp.einsum("Gkqh,Gkhs->Gkqs", q_groups, prefix_k_t,
+                             preferred_element_type=jnp.float32) * scale
+  prefix_logits = jnp.where(prefix_mask[:, None, None], prefix_logits, _MASK_VALUE)
+  prefix_logits = prefix_logits.reshape(groups, kv, r, g, p).transpose(0, 2, 1, 3, 4)
+  q_rows = q.reshape(b, kv, g, h)
+  row_logits = jnp.einsum("bkqh,bkhs->bkqs", q_rows, k_t, preferred_element_type=jnp.float32)
+  row_logits = jnp.where(mask[:, :, None], row_logits * scale, _MASK_VALUE)
+  probs = jax.nn.softmax(jnp.concatenate(
+    [prefix_logits.reshape(b, kv, g, p), row_logits], axis=-1), axis=-1)
+  prefix_probs = probs[..., :p].reshape(groups, r, kv, g, p).transpose(0, 2, 1, 3, 4)
+  prefix_out = jnp.einsum("Gkqs,Gksh->Gkqh", prefix_probs.reshape(groups, kv, r * g, p)
+                          .astype(prefix_v.dtype), prefix_v)
+  prefix_out = prefix_out.reshape(groups, kv, r, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv, g, h)
+  out = prefix_out + jnp.einsum("bkqs,bksh->bkqh", probs[..., p:].astype(v.dtype), v)
+  return out.reshape(b, 1, n, h)
+
+
 def plain_attention(q, k, v, mask, scale):
   """Grouped-query attention with explicit matmuls (`attention_impl="plain"`).
 
@@ -195,13 +252,15 @@ class Attention(nnx.Module):
     return library_attention(q, k, v, mask, scale,
                              implementation="cudnn" if impl == "cudnn" else None)
 
-  def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None):
+  def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None, prefix=None):
     """Args: x `[b, t, d]`; sin/cos `[b, t, h/2]`; mask `bool[b, t, s]`;
     cache_kv: optional `(k, v)` cache buffers (`KVCache` layouts) written at
     `cache_index`; the queries then attend over the whole buffer, with
     `cached_attention` when decoding one token (whatever `attention_impl`
-    says: it is the fast path on CPU and bandwidth-bound on GPU). Returns
-    `(out [b, t, d], (k, v) or None)`."""
+    says: it is the fast path on CPU and bandwidth-bound on GPU);
+    prefix: optional `(k, v, mask)` prompt slots shared by groups of rows
+    (`KVCache.prefix_*`), attended first (`cascade_attention`, t = 1 only).
+    Returns `(out [b, t, d], (k, v) or None)`."""
     c = self.config
     q = self._project(x, self.q_proj, self.q_bias)
     k = self._project(x, self.k_proj, self.k_bias)
@@ -223,7 +282,11 @@ class Attention(nnx.Module):
       k, v = constrain(k, KVCache.K_AXES), constrain(v, KVCache.V_AXES)
       new_kv = (k, v)
       k, v = k.astype(x.dtype), v.astype(x.dtype)
-      if x.shape[1] == 1:  # One decode step: the transposed-key fast path.
+      if prefix is not None:  # One decode step of rows that share their prompt's slots.
+        prefix_k, prefix_v, prefix_mask = prefix
+        out = cascade_attention(q, prefix_k.astype(x.dtype), prefix_v.astype(x.dtype),
+                                prefix_mask, k, v, mask, scale)
+      elif x.shape[1] == 1:  # One decode step: the transposed-key fast path.
         out = cached_attention(q, k, v, mask, scale)
       else:  # Prefill: the configured kernel (flash attention on GPU) on [b, kv, s, h] keys.
         out = self._attend(q, k.swapaxes(2, 3), v, mask, scale)
@@ -387,6 +450,8 @@ class CausalLM(nnx.Module):
       kwargs = dict(sin=sin, cos=cos, mask=mask)
       if cache is not None:
         kwargs.update(cache_kv=(cache.k[i], cache.v[i]), cache_index=cache.index)
+        if cache.prefix_k:
+          kwargs.update(prefix=(cache.prefix_k[i], cache.prefix_v[i], cache.prefix_mask))
       x, kv = layer(x, **kwargs)
       if kv is not None:
         new_k.append(kv[0])
@@ -403,7 +468,8 @@ class CausalLM(nnx.Module):
 
     outputs = (logits,)
     if cache is not None:
-      outputs += (KVCache(k=tuple(new_k), v=tuple(new_v), mask=kv_mask, index=cache.index + t),)
+      outputs += (cache.replace(k=tuple(new_k), v=tuple(new_v), mask=kv_mask,
+                                index=cache.index + t),)
     if return_hidden:
       outputs += (hidden,)
     return outputs[0] if len(outputs) == 1 else outputs

@@ -110,7 +110,7 @@ class PrefillOutput(NamedTuple):
 
 def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
             embeddings: jax.Array | None = None) -> PrefillOutput:
-  """Runs the prompts once and replicates the cache for `num_samples` per prompt.
+  """Runs the prompts once; with n > 1 samples per prompt, the rows share its cache.
 
   Args:
     graphdef, state: `nnx.split(model)` of a `CausalLM`.
@@ -119,20 +119,27 @@ def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
     num_samples: n; rows of prompt p become rows p·n ... p·n + n − 1.
     embeddings: optional `[batch, prompt_len, embed]` prompt inputs used instead
       of the token lookup (multimodal prompts: encoder outputs then text).
+
+  Returns:
+    Next-token logits and positions per row, and the cache. With n = 1 the
+    cache has `cache_len` slots per row, the prompt in the first prompt_len.
+    With n > 1 the prompt slots stay once per prompt (`KVCache.prefix_*`) and
+    each row gets `cache_len − prompt_len` empty slots of its own: decoding
+    then reads a prompt's slots once per group, not n times
+    (`cascade_attention`), and prefill copies no cache.
   """
   model = nnx.merge(graphdef, state)
-  cache = model.init_cache(tokens.shape[0], cache_len)
+  prompt_len = tokens.shape[1]
+  cache = model.init_cache(tokens.shape[0], prompt_len if num_samples > 1 else cache_len)
   positions = default_positions(mask)
   logits, cache = model(tokens, positions=positions, attention_mask=mask, cache=cache,
                         embeddings=embeddings)
   next_positions = positions[:, -1] + 1
   last = logits[:, -1]
   if num_samples > 1:
+    rows = model.init_cache(tokens.shape[0] * num_samples, cache_len - prompt_len)
+    cache = rows.replace(prefix_k=cache.k, prefix_v=cache.v, prefix_mask=cache.mask)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731
-    # Copying the cache n times is cheaper than prefilling n copies of the
-    # prompt: it moves bytes instead of running the model.
-    cache = KVCache(k=tuple(map(repeat, cache.k)), v=tuple(map(repeat, cache.v)),
-                    mask=repeat(cache.mask), index=cache.index)
     last, next_positions = repeat(last), repeat(next_positions)
   return PrefillOutput(last, next_positions, cache)
 
@@ -156,17 +163,16 @@ def decode_phases(max_new_tokens: int) -> list[int]:
 
 
 def resize_cache(cache: KVCache, length: int) -> KVCache:
-  """The cache cut or zero-padded (mask False) to `length` slots."""
+  """The rows' own slots cut or zero-padded (mask False) to `length`; a shared prefix stays."""
   extra = length - cache.max_len
   if extra == 0:
     return cache
   if extra < 0:
-    return KVCache(k=tuple(k[..., :length] for k in cache.k),
-                   v=tuple(v[:, :, :length] for v in cache.v),
-                   mask=cache.mask[:, :length], index=cache.index)
+    return cache.replace(k=tuple(k[..., :length] for k in cache.k),
+                         v=tuple(v[:, :, :length] for v in cache.v), mask=cache.mask[:, :length])
   pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
-  return KVCache(k=tuple(pad(k, 3) for k in cache.k), v=tuple(pad(v, 2) for v in cache.v),
-                 mask=pad(cache.mask, 1), index=cache.index)
+  return cache.replace(k=tuple(pad(k, 3) for k in cache.k), v=tuple(pad(v, 2) for v in cache.v),
+                       mask=pad(cache.mask, 1))
 
 
 class DecodeOutput(NamedTuple):

@@ -148,8 +148,8 @@ class Sampler:
     Args:
       state: model parameters (`nnx.state(model)`); None uses the model's own.
       prompts: strings (with a tokenizer) or token-id sequences.
-      n_samples_per_prompt: n ≥ 1; the prompt is prefilled once and its cache
-        copied n times.
+      n_samples_per_prompt: n ≥ 1; the prompt is prefilled once and its n
+        rows share its cached keys and values (`kernels.prefill`).
       max_new_tokens: generation budget (static: one compile per value).
       temperature: > 0; logits are divided by it before sampling and before
         the recorded log-probs.
@@ -230,17 +230,18 @@ def _prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_sampl
                            num_samples=num_samples)
 
 
-def _data_shards(mesh: Mesh | None, rules: Rules, batch: int) -> tuple[str, ...]:
+def _data_shards(mesh: Mesh | None, rules: Rules, *batch_sizes: int) -> tuple[str, ...]:
   """The batch's mesh axes if every device holds only its own rows, else ().
 
   That is pure data parallelism: the batch axes cover the whole mesh (nothing
-  else is split) and divide the batch.
+  else is split) and divide every batch size given (rows, and prompts when
+  the rows share a prompt cache).
   """
   if mesh is None:
     return ()
   names = batch_mesh_axes(mesh, rules)
   shards = math.prod(mesh.shape[name] for name in names)
-  if shards < 2 or shards != mesh.size or batch % shards:
+  if shards < 2 or shards != mesh.size or any(size % shards for size in batch_sizes):
     return ()
   return names
 
@@ -269,7 +270,8 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
                           greedy=greedy, num_logprobs=num_logprobs, first_row=first_row)
 
   shared = (state, rng, eos_ids, stop_ids, temperature, top_p)
-  data = _data_shards(mesh, rules, logits.shape[0])
+  prompts = () if cache.prefix_mask is None else (cache.prefix_mask.shape[0],)
+  data = _data_shards(mesh, rules, logits.shape[0], *prompts)
   if not data:
     with _context(mesh, rules):
       return run(cache, logits, positions, *shared)
@@ -282,8 +284,8 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
     return out._replace(steps=jax.lax.pmax(out.steps, data), cache=cache)
 
   rows = PartitionSpec(data)
-  cache_spec = type(cache)(k=(rows,) * len(cache.k), v=(rows,) * len(cache.v), mask=rows,
-                           index=PartitionSpec())
+  # Every buffer's leading axis is rows or prompts, both split the same way.
+  cache_spec = jax.tree.map(lambda _: rows, cache).replace(index=PartitionSpec())
   top = rows if num_logprobs else None
   out_specs = kernels.DecodeOutput(rows, rows, rows, rows, top, top, PartitionSpec(), cache_spec)
   # check_vma=False: the loop carries mix per-device rows with replicated

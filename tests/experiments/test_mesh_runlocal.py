@@ -22,8 +22,10 @@ EIGHT_DEVICES = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_cou
 COMPARED = ("train/loss", "train/grad_norm", "train/reward_correct", "train/reward_format")
 # Short: 3 steps, the evaluations and checkpoints the binary must do anyway (at
 # steps 0 and 3) and none in between.
+# 4 prompts × 4 samples per step: with the format writer's ≈ 1-in-10 rewarded
+# completions, 2 × 4 rows per step left some draws without any reward at all.
 ARGS = ("--config.steps=3", "--config.eval_every=100", "--config.checkpoint_every=100",
-        "--config.eval_pass_k=0", "--config.eval_examples=2")
+        "--config.eval_pass_k=0", "--config.eval_examples=2", "--config.prompts_per_step=4")
 
 
 def _grpo(workdir, env, *extra):

@@ -55,12 +55,13 @@ def test_quickstart_then_grpo_resumes_exactly_after_sigkill(tmp_path, format_wri
   # (conftest.py): the runlocal SFT never does in 12 tokens, and a comparison of
   # all-zero losses and gradients would pass whatever the resume did.
   args = ("grpo.py", "grpo_arith.py:runlocal")
-  init = f"--config.init_from={format_writer_policy}"
-  _run(*args, tmp_path / "grpo_uninterrupted", init, "--config.steps=4")
+  # 4 prompts per step (runlocal: 2), so that some groups see a reward whatever the draws.
+  init = (f"--config.init_from={format_writer_policy}", "--config.prompts_per_step=4")
+  _run(*args, tmp_path / "grpo_uninterrupted", *init, "--config.steps=4")
   full = [r for r in read_metrics(tmp_path / "grpo_uninterrupted") if "train/loss" in r]
   assert max(r["train/grad_norm"] for r in full) > 1e-2
   assert max(abs(r["train/loss"]) for r in full) > 1e-3
-  extra = (init, "--config.steps=6")
+  extra = (*init, "--config.steps=6")
   resumed = tmp_path / "grpo_killed"
   process = subprocess.Popen(_command(*args, resumed, *extra), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=ENV)

@@ -132,6 +132,37 @@ def test_cached_attention_on_transposed_keys_matches_numpy(time):
   np.testing.assert_allclose(np.asarray(plain), want, atol=1e-5)
 
 
+def test_cascade_attention_equals_attention_over_the_repeated_prefix():
+  """Shared-prefix decode attention against numpy softmax attention over [prefix, own slots]."""
+  rng = np.random.RandomState(0)
+  groups, r, n, kv, h, p, s = 2, 3, 6, 2, 8, 5, 4
+  b = groups * r
+  q = rng.randn(b, 1, n, h).astype(np.float32)
+  prefix_k, prefix_v = (rng.randn(groups, kv, p, h).astype(np.float32) for _ in range(2))
+  k, v = (rng.randn(b, kv, s, h).astype(np.float32) for _ in range(2))
+  prefix_mask = np.ones((groups, p), bool)
+  prefix_mask[1, :2] = False  # group 1's prompt is left-padded
+  mask = rng.rand(b, 1, s) < 0.6
+  mask[0] = False  # row 0 has written nothing yet: only its prompt is visible
+  whole_k = np.concatenate([np.repeat(prefix_k, r, axis=0), k], axis=2)
+  whole_v = np.concatenate([np.repeat(prefix_v, r, axis=0), v], axis=2)
+  whole_mask = np.concatenate([np.repeat(prefix_mask, r, axis=0)[:, None], mask], axis=2)
+  k_rep, v_rep = (np.repeat(x, n // kv, axis=1) for x in (whole_k, whole_v))
+  logits = np.einsum("btnh,bnsh->bnts", q, k_rep) * h**-0.5
+  logits = np.where(whole_mask[:, None], logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  want = np.einsum("bnts,bnsh->btnh", probs, v_rep)
+  got = transformer.cascade_attention(
+    jnp.asarray(q), jnp.asarray(prefix_k).swapaxes(2, 3), jnp.asarray(prefix_v),
+    jnp.asarray(prefix_mask), jnp.asarray(k).swapaxes(2, 3), jnp.asarray(v), jnp.asarray(mask),
+    h**-0.5)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+  with pytest.raises(ValueError, match="one token for groups of rows"):
+    transformer.cascade_attention(jnp.asarray(q[:5]), prefix_k.swapaxes(2, 3), prefix_v,
+                                  prefix_mask, k[:5].swapaxes(2, 3), v[:5], mask[:5], 1.0)
+
+
 def test_cache_layout_keys_transposed():
   model = _model("qwen3")  # head_dim 24
   cache = model.init_cache(3, 10)

@@ -192,6 +192,26 @@ def test_shared_prefill_matches_repeated_prompts(sampler):
   assert len({tuple(r) for r in np.asarray(shared.completion_tokens[:n]).tolist()}) > 1
 
 
+def test_group_rows_share_their_prompt_cache(model):
+  # n > 1: the prompt's keys and values stay once per prompt, each row gets
+  # only its own max_new_tokens slots (no n-fold copy of the prompt cache).
+  graphdef, state = nnx.split(model)
+  tokens = jnp.asarray([[0, 3, 4], [5, 6, 7]], jnp.int32)
+  mask = tokens > 0
+  shared = kernels.prefill(graphdef, state, tokens, mask, cache_len=3 + 10, num_samples=4)
+  alone = kernels.prefill(graphdef, state, tokens, mask, cache_len=3 + 10, num_samples=1)
+  c = model.config
+  assert shared.cache.prefix_k[0].shape == (2, c.num_kv_heads, c.head_dim, 3)
+  assert shared.cache.k[0].shape == (8, c.num_kv_heads, c.head_dim, 10)
+  assert not shared.cache.mask.any() and int(shared.cache.index) == 0
+  np.testing.assert_array_equal(np.asarray(shared.cache.prefix_mask), np.asarray(mask))
+  visible = np.asarray(mask)[:, None, None, :]  # padding slots hold different filler
+  np.testing.assert_allclose(np.asarray(shared.cache.prefix_k[1]) * visible,
+                             np.asarray(alone.cache.k[1][..., :3]) * visible, atol=1e-6)
+  assert alone.cache.prefix_mask is None and alone.cache.max_len == 13
+  np.testing.assert_allclose(np.asarray(shared.logits), np.repeat(alone.logits, 4, axis=0))
+
+
 def test_no_recompilation_within_a_bucket(model):
   sampler = Sampler(model, max_prompt_len=32, eos_ids=[])
   kw = dict(n_samples_per_prompt=2, max_new_tokens=6, rng=jax.random.key(5))
