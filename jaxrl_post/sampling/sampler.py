@@ -255,7 +255,7 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
 
   One global loop ends each step with a cross-device reduction (has every row
   finished?), which makes all devices wait for the slowest at every step. On a
-  CPU host split into one device per core that cost 8 % of the decode time
+  CPU host split into one device per core that cost 6–9 % of the decode time
   (docs/benchmarks.md). When each device holds its own rows and a full copy of
   the rest, `shard_map` runs `kernels.decode` on every device's rows instead:
   each loop exits when its own rows are done, and the only collectives are two
