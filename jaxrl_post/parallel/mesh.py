@@ -388,6 +388,21 @@ def batch_mesh_axes(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[str, ...]
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def data_parallel_axes(mesh: Mesh, rules: Rules, *batch_sizes: int) -> tuple[str, ...]:
+  """The batch's mesh axes if every device holds only its own rows, else ().
+
+  That is pure data parallelism: the batch axes cover the whole mesh (nothing
+  else is split, so every device has a full copy of the rest) and divide every
+  batch size given. Code under `shard_map` over these axes then needs no
+  collective except its own reductions (e.g. the sampler's per-device loops).
+  """
+  names = batch_mesh_axes(mesh, rules)
+  shards = math.prod(mesh.shape[name] for name in names)
+  if shards < 2 or shards != mesh.size or any(size % shards for size in batch_sizes):
+    return ()
+  return names
+
+
 def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES, ndim: int = 1,
                    shape: Sequence[int] | None = None) -> NamedSharding:
   """`NamedSharding` for an array `[batch, ...]` of rank `ndim`, split over the batch axes.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Sequence
 
 import jax
@@ -26,7 +25,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from jaxrl_post.models.transformer import CausalLM
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
-from jaxrl_post.parallel.mesh import batch_mesh_axes, put_batch
+from jaxrl_post.parallel.mesh import data_parallel_axes, put_batch
 from jaxrl_post.parallel.multihost import to_host
 from jaxrl_post.sampling import kernels
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
@@ -230,22 +229,6 @@ def _prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_sampl
                            num_samples=num_samples)
 
 
-def _data_shards(mesh: Mesh | None, rules: Rules, *batch_sizes: int) -> tuple[str, ...]:
-  """The batch's mesh axes if every device holds only its own rows, else ().
-
-  That is pure data parallelism: the batch axes cover the whole mesh (nothing
-  else is split) and divide every batch size given (rows, and prompts when
-  the rows share a prompt cache).
-  """
-  if mesh is None:
-    return ()
-  names = batch_mesh_axes(mesh, rules)
-  shards = math.prod(mesh.shape[name] for name in names)
-  if shards < 2 or shards != mesh.size or any(size % shards for size in batch_sizes):
-    return ()
-  return names
-
-
 # The cache is donated: decode updates it in place and returns it aliased.
 @functools.partial(jax.jit, donate_argnums=(1,), static_argnames=(
   "graphdef", "mesh", "rules", "max_new_tokens", "top_k", "greedy", "num_logprobs", "pad_id"))
@@ -271,7 +254,7 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
 
   shared = (state, rng, eos_ids, stop_ids, temperature, top_p)
   prompts = () if cache.prefix_mask is None else (cache.prefix_mask.shape[0],)
-  data = _data_shards(mesh, rules, logits.shape[0], *prompts)
+  data = () if mesh is None else data_parallel_axes(mesh, rules, logits.shape[0], *prompts)
   if not data:
     with _context(mesh, rules):
       return run(cache, logits, positions, *shared)

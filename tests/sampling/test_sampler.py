@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_post import parallel
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.parallel import host
-from jaxrl_post.parallel.mesh import REPLICATED_RULES
+from jaxrl_post.parallel.mesh import REPLICATED_RULES, data_parallel_axes
 from jaxrl_post.sampling import (
   FINISH_EOS,
   FINISH_LENGTH,
@@ -23,7 +23,7 @@ from jaxrl_post.sampling import (
   kernels,
   rollout_metrics,
 )
-from jaxrl_post.sampling.sampler import _data_shards, _decode, _end_ids, _prefill
+from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
 from jaxrl_post.tokenizers import CharTokenizer
 
 VOCAB = 32
@@ -351,10 +351,10 @@ def test_data_parallel_decode_runs_one_loop_per_device(model):
   # step count equal those of one global loop, also when the devices' loops
   # end at different steps.
   mesh = host.data_mesh(jax.devices()[:2])
-  assert _data_shards(mesh, REPLICATED_RULES, 4) == ("data",)
-  assert _data_shards(mesh, REPLICATED_RULES, 3) == ()  # rows do not divide: one global loop
+  assert data_parallel_axes(mesh, REPLICATED_RULES, 4) == ("data",)
+  assert data_parallel_axes(mesh, REPLICATED_RULES, 3) == ()  # rows do not divide: one global loop
   cube = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
-  assert _data_shards(cube, parallel.DEFAULT_RULES, 8) == ()  # parameters are split too
+  assert data_parallel_axes(cube, parallel.DEFAULT_RULES, 8) == ()  # parameters are split too
   budget = 64  # 3 decode phases: one global loop would reduce in each
   free = Sampler(model, max_prompt_len=16, eos_ids=[]).generate(
     None, [[3, 4, 5]], max_new_tokens=budget, greedy=True)
