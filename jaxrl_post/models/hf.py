@@ -6,7 +6,13 @@ saving and the error checks all read that table, so they cannot disagree.
 
 HF linear weights are `[out, in]`; ours are `[in, out]` with heads split out:
 q_proj `[heads·head_dim, embed]` ↔ `[embed, heads, head_dim]`,
-o_proj `[embed, heads·head_dim]` ↔ `[heads, head_dim, embed]`.
+o_proj `[embed, heads·head_dim]` ↔ `[heads, head_dim, embed]`. With
+`scan_layers` the layers' leaves are stacked `[num_layers, ...]` and layer i's
+tensor fills index i.
+
+Loading onto a mesh reads per device only the slice of each tensor that its
+shard holds (`TensorSpec.read_block`), so a model larger than one host's
+memory loads, each process reading only what its own devices need.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +73,12 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 
 
 def config_from_hf(hf: dict[str, Any], *, param_dtype=jnp.float32, dtype=None,
-                   attention_impl: str = "xla") -> ModelConfig:
-  """Builds a `ModelConfig` from a parsed HF `config.json`."""
+                   attention_impl: str = "xla", **options) -> ModelConfig:
+  """Builds a `ModelConfig` from a parsed HF `config.json`.
+
+  `options` are further `ModelConfig` fields that a checkpoint does not decide
+  (`scan_layers`, `remat_policy`).
+  """
   model_type = hf.get("model_type")
   architectures = hf.get("architectures") or []
   if model_type not in ARCHITECTURES or any(a != ARCHITECTURES[model_type]
@@ -133,6 +142,7 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype=jnp.float32, dtype=None,
     bos_token_id=hf.get("bos_token_id"),
     eos_token_ids=eos,
     pad_token_id=hf.get("pad_token_id"),
+    **options,
   )
 
 
@@ -183,83 +193,186 @@ def config_to_hf(config: ModelConfig, *, torch_dtype: str = "float32") -> dict[s
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-  """One parameter: HF name and shape, NNX path, and the conversions."""
+  """One Hugging Face tensor: its name and shape, its NNX leaf, and the layout change.
+
+  Ours is `hf.transpose(perm).reshape(shape)`, where the reshape only splits
+  axes (`[heads·head_dim]` → `[heads, head_dim]`). Stated as data rather than
+  as a function, the change can also be run on a block: `read_block` maps a
+  block of our layout to the HF block that bounds it, so sharded loading reads
+  only what a device holds.
+
+  Attributes:
+    hf_name, hf_shape: the tensor in the checkpoint.
+    path: the flat NNX state path of the leaf it fills.
+    shape: our shape of this tensor (one layer's, for a stacked leaf).
+    perm: HF axes in the order of ours, before the split.
+    layer: with `scan_layers`, the index along the leaf's leading `layers`
+      axis that this tensor fills; None for a leaf of its own.
+  """
 
   hf_name: str
   hf_shape: tuple[int, ...]
   path: tuple[str | int, ...]
-  to_ours: Callable[[np.ndarray], np.ndarray]
-  to_hf: Callable[[np.ndarray], np.ndarray]
+  shape: tuple[int, ...]
+  perm: tuple[int, ...]
+  layer: int | None = None
+
+  def __post_init__(self):
+    if sorted(self.perm) != list(range(len(self.hf_shape))):
+      raise ValueError(f"{self.hf_name}: perm {self.perm} is not a permutation of "
+                       f"{len(self.hf_shape)} axes")
+    object.__setattr__(self, "_groups", _split_groups(
+      tuple(self.hf_shape[p] for p in self.perm), self.shape, self.hf_name))
+
+  def to_ours(self, x: np.ndarray) -> np.ndarray:
+    """HF `hf_shape` → ours `shape`."""
+    return x.transpose(self.perm).reshape(self.shape)
+
+  def to_hf(self, x: np.ndarray) -> np.ndarray:
+    """Ours `shape` → HF `hf_shape`."""
+    return x.reshape([self.hf_shape[p] for p in self.perm]).transpose(np.argsort(self.perm))
+
+  def read_block(self, reader: CheckpointReader, index: tuple[slice, ...]) -> np.ndarray:
+    """The block `index` (unit-step slices over `shape`) of our layout, read as a slice.
+
+    Each HF axis is read over the flat range that bounds the block's part of the
+    axes it splits into (exact when the inner ones are whole, e.g. heads split,
+    head_dim whole); the block is then transformed and cut to `index`.
+    """
+    ranges = [s.indices(n)[:2] for s, n in zip(index, self.shape)]
+    hf_index = [slice(None)] * len(self.hf_shape)
+    block_shape, cut = [], []
+    for axis, group in zip(self.perm, self._groups):
+      start, stop, shape, group_cut = _bounding_flat_range(
+        [ranges[g] for g in group], [self.shape[g] for g in group])
+      hf_index[axis] = slice(start, stop)
+      block_shape += shape
+      cut += group_cut
+    block = reader.read_slice(self.hf_name, tuple(hf_index))
+    return block.transpose(self.perm).reshape(block_shape)[tuple(cut)]
 
 
-def _identity(x):
-  return x
+def _split_groups(transposed: tuple[int, ...], shape: tuple[int, ...], name: str
+                  ) -> tuple[tuple[int, ...], ...]:
+  """Which of our axes each transposed HF axis splits into (row-major reshape)."""
+  groups, axis = [], 0
+  for size in transposed:
+    group, product = [], 1
+    while axis < len(shape) and (not group or product < size):
+      group.append(axis)
+      product *= shape[axis]
+      axis += 1
+    if product != size:
+      raise ValueError(f"{name}: shape {list(shape)} does not split the axes {list(transposed)}")
+    groups.append(group)
+  if any(shape[a] != 1 for a in range(axis, len(shape))):
+    raise ValueError(f"{name}: shape {list(shape)} does not split the axes {list(transposed)}")
+  if groups:  # Trailing size-1 axes of ours belong to the last group.
+    groups[-1] += list(range(axis, len(shape)))
+  return tuple(tuple(g) for g in groups)
 
 
-def _linear(out_shape: tuple[int, ...] = ()):
-  """HF `[out, in]` ↔ ours `[in, *out_shape]` (`[in, out]` when out_shape is empty)."""
-  return (lambda w: w.T.reshape(w.shape[1], *(out_shape or (w.shape[0],))),
-          lambda w: w.reshape(w.shape[0], -1).T)
+def _bounding_flat_range(ranges, sizes):
+  """The flat range of one HF axis that bounds a block of the axes it splits into.
+
+  Args:
+    ranges: `(start, stop)` per axis of the group, in order.
+    sizes: the group's axis sizes (the HF axis has their product).
+
+  Returns:
+    `(start, stop, block_shape, cut)`: reading `[start, stop)` and reshaping it
+    to `block_shape` gives a block that `cut` (slices per axis) trims to `ranges`.
+    Leading axes of extent 1 move the range; the first wider axis bounds it and
+    the axes after it are read whole.
+  """
+  strides = [int(np.prod(sizes[k + 1:], dtype=np.int64)) for k in range(len(sizes))]
+  start, block_shape, cut = 0, [], []
+  for k, (a, b) in enumerate(ranges):
+    start += a * strides[k]
+    if b - a == 1 and k < len(ranges) - 1:
+      block_shape.append(1)
+      cut.append(slice(0, 1))
+      continue
+    block_shape.append(b - a)
+    cut.append(slice(0, b - a))
+    for (a2, b2), size in zip(ranges[k + 1:], sizes[k + 1:]):
+      block_shape.append(size)
+      cut.append(slice(a2, b2))
+    return start, start + (b - a) * strides[k], block_shape, cut
+  return 0, 1, [], []  # A scalar.
 
 
-def _linear_in(in_shape: tuple[int, ...]):
-  """HF `[out, prod(in_shape)]` ↔ ours `[*in_shape, out]` (o_proj)."""
-  return (lambda w: w.T.reshape(*in_shape, w.shape[0]),
-          lambda w: w.reshape(-1, w.shape[-1]).T)
+def _identity(hf_shape: tuple[int, ...]) -> dict[str, Any]:
+  return dict(hf_shape=hf_shape, shape=hf_shape, perm=tuple(range(len(hf_shape))))
 
 
-def _reshape(shape: tuple[int, ...]):
-  return (lambda b: b.reshape(shape), lambda b: b.reshape(-1))
+def _linear(out_dim: int, in_dim: int, out_shape: tuple[int, ...] = ()) -> dict[str, Any]:
+  """HF `[out, in]` → ours `[in, *out_shape]` (`[in, out]` when out_shape is empty)."""
+  return dict(hf_shape=(out_dim, in_dim), shape=(in_dim, *(out_shape or (out_dim,))),
+              perm=(1, 0))
+
+
+def _linear_in(out_dim: int, in_shape: tuple[int, ...]) -> dict[str, Any]:
+  """HF `[out, prod(in_shape)]` → ours `[*in_shape, out]` (o_proj)."""
+  return dict(hf_shape=(out_dim, int(np.prod(in_shape))), shape=(*in_shape, out_dim), perm=(1, 0))
+
+
+def _reshape(shape: tuple[int, ...]) -> dict[str, Any]:
+  """HF `[prod(shape)]` → ours `shape` (per-head biases)."""
+  return dict(hf_shape=(int(np.prod(shape)),), shape=shape, perm=(0,))
 
 
 def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
-  """Every parameter of `CausalLM(config)` with its Hugging Face counterpart."""
+  """Every tensor of the Hugging Face checkpoint of `CausalLM(config)`, with its NNX leaf.
+
+  Unrolled layers: layer i's weights are the leaves `("layers", i, ...)`. With
+  `config.scan_layers` the layers are one stacked module, so every layer's
+  tensor names the same leaf `("layers", ...)` (shape `[num_layers, ...]`)
+  and fills index `layer` of its leading axis.
+  """
   c = config
   d, n, k, h, f, v = (c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_dim,
                       c.vocab_size)
-  specs = [TensorSpec("model.embed_tokens.weight", (v, d), ("embed",), _identity, _identity)]
+  scanned = bool(getattr(c, "scan_layers", False))
+  specs = [TensorSpec("model.embed_tokens.weight", path=("embed",), **_identity((v, d)))]
   for i in range(c.num_layers):
-    hf_attn, hf_mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-    attn, mlp = ("layers", i, "attn"), ("layers", i, "mlp")
+    hf = f"model.layers.{i}"
+    leaf = ("layers",) if scanned else ("layers", i)
+    layer = i if scanned else None
+
+    def spec(name, path, layout, hf=hf, leaf=leaf, layer=layer):
+      return TensorSpec(f"{hf}.{name}", path=(*leaf, *path), layer=layer, **layout)
+
     specs += [
-      TensorSpec(f"model.layers.{i}.input_layernorm.weight", (d,),
-                 ("layers", i, "input_norm", "scale"), _identity, _identity),
-      TensorSpec(f"model.layers.{i}.post_attention_layernorm.weight", (d,),
-                 ("layers", i, "post_attn_norm", "scale"), _identity, _identity),
-      TensorSpec(f"{hf_attn}.q_proj.weight", (n * h, d), (*attn, "q_proj"), *_linear((n, h))),
-      TensorSpec(f"{hf_attn}.k_proj.weight", (k * h, d), (*attn, "k_proj"), *_linear((k, h))),
-      TensorSpec(f"{hf_attn}.v_proj.weight", (k * h, d), (*attn, "v_proj"), *_linear((k, h))),
-      TensorSpec(f"{hf_attn}.o_proj.weight", (d, n * h), (*attn, "o_proj"), *_linear_in((n, h))),
-      TensorSpec(f"{hf_mlp}.gate_proj.weight", (f, d), (*mlp, "gate_proj"), *_linear()),
-      TensorSpec(f"{hf_mlp}.up_proj.weight", (f, d), (*mlp, "up_proj"), *_linear()),
-      TensorSpec(f"{hf_mlp}.down_proj.weight", (d, f), (*mlp, "down_proj"), *_linear()),
+      spec("input_layernorm.weight", ("input_norm", "scale"), _identity((d,))),
+      spec("post_attention_layernorm.weight", ("post_attn_norm", "scale"), _identity((d,))),
+      spec("self_attn.q_proj.weight", ("attn", "q_proj"), _linear(n * h, d, (n, h))),
+      spec("self_attn.k_proj.weight", ("attn", "k_proj"), _linear(k * h, d, (k, h))),
+      spec("self_attn.v_proj.weight", ("attn", "v_proj"), _linear(k * h, d, (k, h))),
+      spec("self_attn.o_proj.weight", ("attn", "o_proj"), _linear_in(d, (n, h))),
+      spec("mlp.gate_proj.weight", ("mlp", "gate_proj"), _linear(f, d)),
+      spec("mlp.up_proj.weight", ("mlp", "up_proj"), _linear(f, d)),
+      spec("mlp.down_proj.weight", ("mlp", "down_proj"), _linear(d, f)),
     ]
     if c.qkv_bias:
       specs += [
-        TensorSpec(f"{hf_attn}.q_proj.bias", (n * h,), (*attn, "q_bias"), *_reshape((n, h))),
-        TensorSpec(f"{hf_attn}.k_proj.bias", (k * h,), (*attn, "k_bias"), *_reshape((k, h))),
-        TensorSpec(f"{hf_attn}.v_proj.bias", (k * h,), (*attn, "v_bias"), *_reshape((k, h))),
+        spec("self_attn.q_proj.bias", ("attn", "q_bias"), _reshape((n, h))),
+        spec("self_attn.k_proj.bias", ("attn", "k_bias"), _reshape((k, h))),
+        spec("self_attn.v_proj.bias", ("attn", "v_bias"), _reshape((k, h))),
       ]
     if c.o_bias:
-      specs.append(TensorSpec(f"{hf_attn}.o_proj.bias", (d,), (*attn, "o_bias"), _identity,
-                              _identity))
+      specs.append(spec("self_attn.o_proj.bias", ("attn", "o_bias"), _identity((d,))))
     if c.qk_norm:
       specs += [
-        TensorSpec(f"{hf_attn}.q_norm.weight", (h,), (*attn, "q_norm", "scale"), _identity,
-                   _identity),
-        TensorSpec(f"{hf_attn}.k_norm.weight", (h,), (*attn, "k_norm", "scale"), _identity,
-                   _identity),
+        spec("self_attn.q_norm.weight", ("attn", "q_norm", "scale"), _identity((h,))),
+        spec("self_attn.k_norm.weight", ("attn", "k_norm", "scale"), _identity((h,))),
       ]
     if c.mlp_bias:
-      specs += [
-        TensorSpec(f"{hf_mlp}.{name}_proj.bias", (size,), (*mlp, f"{name}_bias"), _identity,
-                   _identity)
-        for name, size in (("gate", f), ("up", f), ("down", d))
-      ]
-  specs.append(TensorSpec("model.norm.weight", (d,), ("final_norm", "scale"), _identity,
-                          _identity))
+      specs += [spec(f"mlp.{name}_proj.bias", ("mlp", f"{name}_bias"), _identity((size,)))
+                for name, size in (("gate", f), ("up", f), ("down", d))]
+  specs.append(TensorSpec("model.norm.weight", path=("final_norm", "scale"), **_identity((d,))))
   if not c.tie_embeddings:
-    specs.append(TensorSpec("lm_head.weight", (v, d), ("lm_head",), *_linear()))
+    specs.append(TensorSpec("lm_head.weight", path=("lm_head",), **_linear(v, d)))
   return specs
 
 
@@ -284,24 +397,75 @@ def _check_names(reader: CheckpointReader, specs: list[TensorSpec], config: Mode
       f"{config.family} config.json does not use, e.g. {unexpected[:5]}")
 
 
+def _check_tensor(reader: CheckpointReader, spec: TensorSpec):
+  dtype_name, shape = reader.dtype_and_shape(spec.hf_name)
+  if shape != spec.hf_shape:
+    raise CheckpointError(f"tensor {spec.hf_name}: shape {list(shape)} in the checkpoint, "
+                          f"{list(spec.hf_shape)} expected from config.json")
+  if dtype_name not in FLOAT_DTYPES:
+    raise CheckpointError(f"tensor {spec.hf_name}: dtype {dtype_name} in the checkpoint, "
+                          f"a floating-point dtype expected")
+
+
+def _leaf_reader(reader: CheckpointReader, specs: list[TensorSpec], dtype: np.dtype):
+  """`index -> block` of one leaf in `dtype`, for `jax.make_array_from_callback`.
+
+  `specs` fill the leaf: one tensor, or one per layer of a stacked leaf (then
+  the index's first slice picks the layers, and only those are read). Devices
+  that hold the same block (replicas over a mesh axis) share one read.
+  """
+  stacked = specs[0].layer is not None
+  blocks: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+
+  def read(index: tuple[slice, ...]) -> np.ndarray:
+    shape = (len(specs), *specs[0].shape) if stacked else specs[0].shape
+    key = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+    if key in blocks:
+      return blocks[key]
+    if not stacked:
+      block = np.asarray(specs[0].read_block(reader, index), dtype=dtype)
+    else:
+      (first, stop), inner = key[0], index[1:]
+      block = None
+      for j, layer in enumerate(range(first, stop)):
+        part = specs[layer].read_block(reader, inner)
+        if block is None:
+          block = np.empty((stop - first, *part.shape), dtype)
+        block[j] = part  # Cast on assignment: no second copy of the layer's block.
+    blocks[key] = block
+    return block
+
+  return read
+
+
 def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
             mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
-            attention_impl: str = "xla") -> CausalLM:
+            attention_impl: str = "xla", scan_layers: bool = False,
+            remat_policy: str | None = None) -> CausalLM:
   """Loads a Hugging Face checkpoint directory as a `CausalLM`.
 
   Reads `config.json`, then the weights from `model.safetensors` or the shards
-  of `model.safetensors.index.json`, one tensor at a time: each is memory
-  mapped, converted, cast to `dtype` and placed on its device(s) before the
-  next is read.
+  of `model.safetensors.index.json` (memory-mapped), checking every tensor's
+  name, shape and dtype before any is read.
+
+  Without a mesh, each tensor is read whole, converted, cast to `dtype` and put
+  on the default device before the next is read. With a mesh, each parameter is
+  made by `jax.make_array_from_callback` with the `NamedSharding` its logical
+  axes map to: the callback reads, for each device this process addresses,
+  only the slice of the checkpoint tensor(s) that device's shard holds. No host
+  ever copies a whole sharded tensor, and each device receives only its shard.
 
   Args:
     path: directory with `config.json` and safetensors weights.
-    dtype: parameter dtype.
+    dtype: parameter dtype (e.g. `jnp.bfloat16`; the checkpoint's own dtype is
+      cast).
     compute_dtype: activation dtype (default: `dtype`).
-    mesh: if given, each parameter is placed with the `NamedSharding` that its
-      logical axes map to under `rules`.
+    mesh: if given, parameters are created sharded on it (see above).
     rules: logical-axis rules (see `jaxrl_post.parallel.axes`).
     attention_impl: see `ModelConfig.attention_impl`.
+    scan_layers: stack the layers' parameters (`ModelConfig.scan_layers`);
+      layer i's tensors fill index i of each leaf's leading axis.
+    remat_policy: `ModelConfig.remat_policy` (default: the config's).
 
   Returns:
     The model; `model(tokens)` gives `float32[batch, time, vocab]` logits.
@@ -314,34 +478,52 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
   config_path = path / "config.json"
   if not config_path.exists():
     raise CheckpointError(f"{path}: no config.json (is this a Hugging Face checkpoint directory?)")
+  options = {}
+  if scan_layers:  # Only when asked: keeps working with configs that lack the field.
+    options["scan_layers"] = True
+  if remat_policy is not None:
+    options["remat_policy"] = remat_policy
   config = config_from_hf(json.loads(config_path.read_text()), param_dtype=dtype,
-                          dtype=compute_dtype, attention_impl=attention_impl)
+                          dtype=compute_dtype, attention_impl=attention_impl, **options)
   reader = CheckpointReader(path)
   specs = tensor_specs(config)
   _check_names(reader, specs, config)
+  for spec in specs:
+    _check_tensor(reader, spec)
 
   abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
   graphdef, abstract_state = nnx.split(abstract)
   variables = dict(nnx.to_flat_state(abstract_state))
-  loaded = []
+  leaves: dict[tuple, list[TensorSpec]] = {}
   for spec in specs:
-    dtype_name, shape = reader.dtype_and_shape(spec.hf_name)
-    if shape != spec.hf_shape:
-      raise CheckpointError(f"tensor {spec.hf_name}: shape {list(shape)} in the checkpoint, "
-                            f"{list(spec.hf_shape)} expected from config.json")
-    if dtype_name not in FLOAT_DTYPES:
-      raise CheckpointError(f"tensor {spec.hf_name}: dtype {dtype_name} in the checkpoint, "
-                            f"a floating-point dtype expected")
-    variable = variables[spec.path]
-    value = spec.to_ours(reader.read(spec.hf_name)).astype(config.param_dtype)
+    leaves.setdefault(spec.path, []).append(spec)
+  unfilled = sorted(map(str, set(variables) - set(leaves)))
+  if unfilled:
+    raise ValueError(f"CausalLM leaves {unfilled[:5]} have no Hugging Face tensor in "
+                     "tensor_specs")
+  param_dtype = np.dtype(config.param_dtype)
+  loaded = []
+  for leaf_path, leaf_specs in leaves.items():
+    variable = variables[leaf_path]
+    shape = tuple(variable.get_value().shape)
+    stacked = leaf_specs[0].layer is not None
+    expected = (len(leaf_specs), *leaf_specs[0].shape) if stacked else leaf_specs[0].shape
+    if shape != expected or (stacked and [s.layer for s in leaf_specs]
+                             != list(range(len(leaf_specs)))):
+      raise ValueError(f"leaf {leaf_path}: model shape {list(shape)}, the tensor table gives "
+                       f"{list(expected)} ({leaf_specs[0].hf_name}, ...)")
     if mesh is not None:
       sharding = logical_sharding(variable.get_metadata()["out_sharding"], mesh, rules,
-                                  shape=value.shape)
-      array = jax.device_put(value, sharding)
+                                  shape=shape)
+      array = jax.make_array_from_callback(
+        shape, sharding, _leaf_reader(reader, leaf_specs, param_dtype), dtype=param_dtype)
     else:
+      value = (np.stack([s.to_ours(reader.read(s.hf_name)).astype(param_dtype)
+                         for s in leaf_specs]) if stacked
+               else leaf_specs[0].to_ours(reader.read(leaf_specs[0].hf_name)).astype(param_dtype))
       array = jnp.asarray(value)
-    loaded.append((spec.path, variable.replace(array)))
-    del value  # The host copy goes before the next tensor is read.
+      del value  # The host copy goes before the next tensor is read.
+    loaded.append((leaf_path, variable.replace(array)))
   return nnx.merge(graphdef, nnx.from_flat_state(loaded))
 
 
@@ -367,7 +549,10 @@ def save_hf(model: CausalLM, path: str | os.PathLike, *, dtype=None,
   variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   tensors = {}
   for spec in tensor_specs(config):
-    value = np.asarray(jax.device_get(variables[spec.path].get_value()))
+    value = variables[spec.path].get_value()
+    if spec.layer is not None:  # A stacked leaf: only this layer comes to the host.
+      value = value[spec.layer]
+    value = np.asarray(jax.device_get(value))
     tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value).astype(dtype))
   path = Path(path)
   write_checkpoint(path, tensors, max_shard_bytes=max_shard_bytes)

@@ -95,6 +95,16 @@ class SafetensorsFile:
     array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._data_start + begin)
     return array.reshape(shape)
 
+  def read_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+    """A copy of the block `index` (one unit-step slice per dimension) of tensor `name`.
+
+    Only the pages that hold the block are touched: the slice is taken on the
+    memory-mapped view, and the copy gathers its rows. This is what sharded
+    loading reads, so a host never copies more of a tensor than its devices
+    hold.
+    """
+    return np.array(self.read(name)[_check_index(name, index, self.dtype_and_shape(name)[1])])
+
 
 class CheckpointReader:
   """All tensors of a Hugging Face checkpoint directory, single-file or sharded."""
@@ -142,6 +152,27 @@ class CheckpointReader:
 
   def read(self, name: str) -> np.ndarray:
     return self._file_for(name).read(name)
+
+  def read_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+    """A copy of the block `index` of tensor `name` (see `SafetensorsFile.read_slice`)."""
+    return self._file_for(name).read_slice(name, index)
+
+
+def _check_index(name: str, index: tuple[slice, ...], shape: tuple[int, ...]
+                 ) -> tuple[slice, ...]:
+  """`index` as in-bounds unit-step slices, one per dimension of `shape`."""
+  if len(index) != len(shape):
+    raise ValueError(f"tensor {name!r} of shape {list(shape)}: index {index} has "
+                     f"{len(index)} entries, expected {len(shape)}")
+  out = []
+  for s, size in zip(index, shape):
+    if not isinstance(s, slice) or s.step not in (None, 1):
+      raise ValueError(f"tensor {name!r}: index {index} must be unit-step slices")
+    start, stop, _ = s.indices(size)
+    if not (s.start is None or 0 <= s.start <= size) or not (s.stop is None or s.stop <= size):
+      raise ValueError(f"tensor {name!r} of shape {list(shape)}: slice {s} is out of bounds")
+    out.append(slice(start, stop))
+  return tuple(out)
 
 
 def write_checkpoint(directory: str | os.PathLike, tensors: Mapping[str, np.ndarray], *,

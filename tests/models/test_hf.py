@@ -158,6 +158,133 @@ def test_load_with_mesh_places_each_tensor(tmp_path):
   assert _max_diff(_ours(ours, tokens, mask), _hf_logits(model, tokens, mask), mask) <= 1e-4
 
 
+# ==== sharded loading: each device its shard, each host its slices ====
+
+_MESHES = {
+  "fsdp8": ((8,), ("fsdp",)),
+  "fsdp4_tensor2": ((4, 2), ("fsdp", "tensor")),
+  "data2_fsdp2_tensor2": ((2, 2, 2), ("data", "fsdp", "tensor")),  # replicas over data
+}
+
+
+def _mesh(name):
+  shape, names = _MESHES[name]
+  return Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+
+
+def _shards(sharding):
+  """How many distinct blocks a `NamedSharding` cuts an array into."""
+  axes = [a for entry in sharding.spec if entry is not None
+          for a in ((entry,) if isinstance(entry, str) else entry)]
+  return int(np.prod([sharding.mesh.shape[a] for a in axes]))
+
+
+class _CountingReads:
+  """Records every `read_slice` (name, bytes); a whole-tensor `read` is an error."""
+
+  def __init__(self, monkeypatch):
+    from jaxrl_post.models.safetensors_io import CheckpointReader
+    self.reads = []
+    original = CheckpointReader.read_slice
+
+    def read_slice(reader, name, index):
+      block = original(reader, name, index)
+      self.reads.append((name, block.nbytes))
+      return block
+
+    def read(reader, name):
+      raise AssertionError(f"sharded load read the whole tensor {name}")
+
+    monkeypatch.setattr(CheckpointReader, "read_slice", read_slice)
+    monkeypatch.setattr(CheckpointReader, "read", read)
+
+
+@pytest.mark.parametrize("mesh_name", sorted(_MESHES))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_sharded_load_reads_only_each_shard(family, dtype, mesh_name, tmp_path, monkeypatch):
+  """Equal to the unsharded load, placed by the rules, and each read is one shard's bytes.
+
+  The tiny model's dimensions (embed 48, 4 heads, 2 kv heads, mlp 80) divide
+  every mesh here, so every weight matrix is cut into one block per device
+  over fsdp × tensor (vocab 97 is not divisible: embed / lm_head are cut over
+  fsdp only). A read then holds exactly 1/shards of the tensor (1/8 on the
+  8-device meshes without data), and a tensor's reads add up to it once:
+  replicas (over the data axis) share one read.
+  """
+  from jaxrl_post.models.hf import tensor_specs
+  from jaxrl_post.models.safetensors_io import CheckpointReader
+  from jaxrl_post.parallel.axes import logical_sharding
+  _hf_model(family).save_pretrained(tmp_path)
+  reference = load_hf(tmp_path, dtype=dtype)
+  sizes = {name: np.dtype(np.float32).itemsize * int(np.prod(shape))
+           for name, (_, shape) in ((n, CheckpointReader(tmp_path).dtype_and_shape(n))
+                                    for n in CheckpointReader(tmp_path).names())}
+  mesh = _mesh(mesh_name)
+  counter = _CountingReads(monkeypatch)
+  ours = load_hf(tmp_path, dtype=dtype, mesh=mesh)
+  monkeypatch.undo()
+
+  expected = dict(nnx.to_flat_state(nnx.state(reference, nnx.Param)))
+  shardings = {}
+  for path, variable in nnx.to_flat_state(nnx.state(ours, nnx.Param)):
+    array = variable.get_value()
+    assert array.dtype == dtype, path
+    want = logical_sharding(variable.get_metadata()["out_sharding"], mesh, shape=array.shape)
+    assert array.sharding == want, path
+    shardings[path] = want
+    np.testing.assert_array_equal(np.asarray(array), np.asarray(expected[path].get_value()))
+  # Parameters are not split over `data`: with data=2 a weight is cut in 4 blocks.
+  blocks = mesh.size // mesh.shape.get("data", 1)
+  assert _shards(shardings[("layers", 0, "attn", "q_proj")]) == blocks
+
+  by_name = {}
+  for name, nbytes in counter.reads:
+    by_name.setdefault(name, []).append(nbytes)
+  config = ours.config
+  for spec in tensor_specs(config):
+    shards = _shards(shardings[spec.path])
+    assert by_name[spec.hf_name] == [sizes[spec.hf_name] // shards] * shards, spec.hf_name
+  matrices = [s.hf_name for s in tensor_specs(config) if len(s.hf_shape) == 2
+              and config.vocab_size not in s.hf_shape]
+  assert matrices and all(max(by_name[n]) * blocks == sizes[n] for n in matrices)
+
+
+def test_read_block_is_the_block_of_the_converted_tensor(tmp_path):
+  """`TensorSpec.read_block` on random blocks (a single head, part of head_dim,
+  ranges no mesh would cut) equals converting the whole tensor and slicing it."""
+  from jaxrl_post.models.hf import tensor_specs
+  from jaxrl_post.models.safetensors_io import CheckpointReader
+  _hf_model("llama").save_pretrained(tmp_path)
+  reader = CheckpointReader(tmp_path)
+  model = load_hf(tmp_path)
+  rng = np.random.RandomState(0)
+  for spec in tensor_specs(model.config):
+    whole = spec.to_ours(reader.read(spec.hf_name))
+    for _ in range(6):
+      index = []
+      for size in spec.shape:
+        start = rng.randint(0, size)
+        index.append(slice(start, rng.randint(start + 1, size + 1)))
+      np.testing.assert_array_equal(spec.read_block(reader, tuple(index)),
+                                    whole[tuple(index)], err_msg=f"{spec.hf_name} {index}")
+    np.testing.assert_array_equal(spec.to_hf(whole), reader.read(spec.hf_name))
+
+
+def test_read_slice_checks_the_index(tmp_path):
+  from jaxrl_post.models.safetensors_io import CheckpointReader
+  _hf_model("llama").save_pretrained(tmp_path)
+  reader = CheckpointReader(tmp_path)
+  name = "model.norm.weight"
+  np.testing.assert_array_equal(reader.read_slice(name, (slice(2, 5),)), reader.read(name)[2:5])
+  with pytest.raises(ValueError, match=r"model\.norm\.weight.*2 entries, expected 1"):
+    reader.read_slice(name, (slice(0, 1), slice(0, 1)))
+  with pytest.raises(ValueError, match="unit-step"):
+    reader.read_slice(name, (slice(0, 4, 2),))
+  with pytest.raises(ValueError, match="out of bounds"):
+    reader.read_slice(name, (slice(0, 49),))
+
+
 # ==== bad checkpoints: one clear error each ====
 
 
@@ -210,13 +337,14 @@ def test_unexpected_tensor(llama_dir):
     load_hf(llama_dir)
 
 
-def test_shape_mismatch(llama_dir):
+@pytest.mark.parametrize("mesh_name", [None, "fsdp8"])
+def test_shape_mismatch(llama_dir, mesh_name):
   def shrink(tensors):
     tensors["model.layers.1.self_attn.k_proj.weight"] = np.zeros((16, 48), np.float32)
   _rewrite_tensors(llama_dir, shrink)
   with pytest.raises(CheckpointError,
                      match=r"k_proj\.weight: shape \[16, 48\].*\[32, 48\] expected"):
-    load_hf(llama_dir)
+    load_hf(llama_dir, mesh=mesh_name and _mesh(mesh_name))
 
 
 def test_dtype_mismatch(llama_dir):
