@@ -96,6 +96,7 @@ def get_config(arg=None):
   c.tokenizer = "char"
   c.model = arg.model
   c.model_overrides = ml_collections.ConfigDict()
+  base_configs.precision_config(c)
   _mixture(c, arg.only)
   domains = (arg.only,) if arg.only else DOMAINS
   c.num_train_examples = 200_000

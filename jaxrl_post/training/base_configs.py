@@ -15,16 +15,34 @@ from jaxrl_post.parallel.mesh import mesh_config
 def optimizer_config(*, lr: float, name: str = "adamw", warmup_steps: int = 0,
                      decay_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0,
                      b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                     momentum: float = 0.0) -> ml_collections.ConfigDict:
+                     momentum: float = 0.0,
+                     moments_dtype: str = "float32") -> ml_collections.ConfigDict:
   """The `config.optimizer` block `setup.build_optimizer` reads.
 
   `name` is "adamw" (`b1`, `b2`, `eps`, `weight_decay`) or "sgd" (`momentum`);
   both follow linear warm-up then cosine decay to lr / 10. `decay_steps=0`
   decays over the run's updates; a huge value keeps the rate constant.
+  `moments_dtype` is "float32" (the optimizer state — Adam's two moments,
+  SGD's momentum — and the update arithmetic in float32 whatever the
+  parameter dtype: the usual recipe with bf16 parameters) or "params" (the
+  state in the parameter dtype, optax's own behaviour; half the memory).
   """
   return ml_collections.ConfigDict(dict(
     name=name, lr=lr, warmup_steps=warmup_steps, decay_steps=decay_steps,
-    weight_decay=weight_decay, grad_clip=grad_clip, b1=b1, b2=b2, eps=eps, momentum=momentum))
+    weight_decay=weight_decay, grad_clip=grad_clip, b1=b1, b2=b2, eps=eps, momentum=momentum,
+    moments_dtype=moments_dtype))
+
+
+def precision_config(config: ml_collections.ConfigDict) -> None:
+  """Adds the dtype keys `setup.build_model` reads (presets and HF loads alike).
+
+  `param_dtype`: parameters as stored and updated; `dtype`: activations and
+  matmuls (logits stay float32). Names: float32, bfloat16, float16. Real
+  models: `--config.dtype=bfloat16` (bf16 compute), with `param_dtype`
+  float32 or bfloat16 and `optimizer.moments_dtype=float32`.
+  """
+  config.param_dtype = "float32"
+  config.dtype = "float32"
 
 
 def _common(seed: int = 0) -> ml_collections.ConfigDict:
@@ -33,6 +51,7 @@ def _common(seed: int = 0) -> ml_collections.ConfigDict:
   config.tokenizer = "char"
   config.model = "small"
   config.model_overrides = ml_collections.ConfigDict()
+  precision_config(config)
   config.num_train_examples = 200_000
   config.log_every = 10
   config.keep_checkpoints = 2

@@ -50,9 +50,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxrl_post import losses
 from jaxrl_post.losses import distillation
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.registry import Registry
 from jaxrl_post.sampling import Sampler, score_model
 from jaxrl_post.tasks.base import Task
@@ -190,15 +192,19 @@ def find_teacher_checkpoints(routing: TeacherRouting) -> list[StartPoint]:
   return starts
 
 
-def load_teachers(starts: Sequence[StartPoint], state: Any) -> list[Any]:
+def load_teachers(starts: Sequence[StartPoint], state: Any, *, mesh: Mesh | None = None,
+                  rules: Rules = DEFAULT_RULES) -> list[Any]:
   """Loads frozen teacher parameters shaped like the student's `state.params`.
 
   A teacher is an orbax checkpoint of the same architecture (an SFT or GRPO run of this
-  codebase, restored like `init_from`: parameters only) or a Hugging Face directory.
+  codebase, restored like `init_from`: parameters only) or a Hugging Face directory, read
+  in the student's parameter dtype (the run's `config.param_dtype`) and, with a `mesh`,
+  sharded as it is read (`load_hf(mesh=...)`: each device reads only its shard).
 
   Args:
     starts: from `find_teacher_checkpoints`.
     state: the student's `TrainState` (or its abstract shape): the restore target.
+    mesh, rules: where Hugging Face teachers are placed (default: one device).
 
   Returns:
     One parameter pytree per distinct teacher.
@@ -212,7 +218,9 @@ def load_teachers(starts: Sequence[StartPoint], state: Any) -> list[Any]:
     if start.kind == "init_from_hf":
       from jaxrl_post.models.hf import load_hf  # Deferred: only HF teachers need it.
 
-      params = nnx.state(load_hf(start.path), nnx.Param)
+      # The student's dtype: teachers must match its parameters leaf for leaf.
+      dtype = jax.tree.leaves(state.params)[0].dtype
+      params = nnx.state(load_hf(start.path, dtype=dtype, mesh=mesh, rules=rules), nnx.Param)
     else:
       checkpointer = Checkpointer(start.path)
       try:

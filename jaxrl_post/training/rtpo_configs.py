@@ -40,6 +40,7 @@ def base_config(arg) -> ml_collections.ConfigDict:
   config.tokenizer = "char_tools"
   config.model = arg.model
   config.model_overrides = ml_collections.ConfigDict()
+  base_configs.precision_config(config)
   config.resume = ""
   config.init_from = ""
   config.keep_checkpoints = 2

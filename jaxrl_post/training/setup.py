@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -42,18 +43,49 @@ def build_tokenizer(config):
     raise ValueError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
 
 
+# The dtype names `config.param_dtype` / `config.dtype` accept.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# `model_overrides` keys that also apply to Hugging Face loads (the checkpoint
+# decides the architecture, not how it runs).
+_HF_RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")
+
+
+def config_dtype(config, key: str):
+  """The dtype that `config.<key>` names ("float32" when the config has no such key).
+
+  Raises:
+    ValueError: naming the key and the valid names.
+  """
+  name = config.get(key, "float32")
+  if name not in DTYPES:
+    raise ValueError(f"config.{key}={name!r} is not a dtype name; valid: {', '.join(DTYPES)}")
+  return DTYPES[name]
+
+
 def build_model(config, tokenizer, start: StartPoint, mesh: Mesh | None = None,
                 rules: Rules = DEFAULT_RULES) -> CausalLM:
   """The policy: a preset with the tokenizer's vocabulary, or HF weights for `init_from`.
 
-  With a `mesh`, a preset's parameters are born sharded (`parallel.mesh.init_sharded`):
-  no device ever holds the whole model, which is what lets a model larger than
-  one chip (or one host, with several processes) start at all.
+  Parameters are in `config.param_dtype`, activations in `config.dtype` (both
+  default float32), for presets and Hugging Face checkpoints alike. With a
+  `mesh` the parameters are born sharded: a preset's through
+  `parallel.mesh.init_sharded`, a checkpoint's through `load_hf(mesh=...)`,
+  which reads per device only its shard's slices. No device ever holds the
+  whole model, which is what lets a model larger than one chip (or one host,
+  with several processes) start at all.
   """
+  param_dtype, dtype = config_dtype(config, "param_dtype"), config_dtype(config, "dtype")
+  overrides = dict(config.get("model_overrides", {}))
+  for key in ("param_dtype", "dtype"):
+    if key in overrides:
+      raise ValueError(f"config.model_overrides.{key}: set config.{key} instead (it applies "
+                       "to presets and Hugging Face checkpoints alike)")
   if start.kind == "init_from_hf":
-    model = load_hf(start.path)
+    options = {k: overrides[k] for k in _HF_RUN_OPTIONS if k in overrides}
+    model = load_hf(start.path, dtype=param_dtype, compute_dtype=dtype, mesh=mesh, rules=rules,
+                    **options)
   else:
-    overrides = dict(config.get("model_overrides", {}))
+    overrides.update(param_dtype=param_dtype, dtype=dtype)
     overrides.setdefault("vocab_size", tokenizer.vocab_size)
     try:
       model_config = get_model_config(config.model, **overrides)
@@ -71,7 +103,9 @@ def build_model(config, tokenizer, start: StartPoint, mesh: Mesh | None = None,
 def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
   """AdamW or SGD with linear warm-up then cosine decay, after global-norm clipping.
 
-  `config.optimizer` is a `base_configs.optimizer_config()` block.
+  `config.optimizer` is a `base_configs.optimizer_config()` block; with
+  `moments_dtype="float32"` (default) the whole chain runs in float32
+  (`with_float32_state`), so bf16 parameters get float32 moments.
   """
   opt = config.optimizer
   # An explicit decay horizon keeps the schedule of a run independent of where
@@ -91,7 +125,35 @@ def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
     update = optax.sgd(schedule, momentum=opt.momentum or None)
   else:
     raise ValueError(f"config.optimizer.name={opt.name!r}: expected 'adamw' or 'sgd'")
-  return optax.chain(optax.clip_by_global_norm(opt.grad_clip), update)
+  chain = optax.chain(optax.clip_by_global_norm(opt.grad_clip), update)
+  moments = opt.get("moments_dtype", "float32")
+  if moments == "float32":
+    return with_float32_state(chain)
+  if moments == "params":
+    return chain
+  raise ValueError(f"config.optimizer.moments_dtype={moments!r}: expected 'float32' or 'params'")
+
+
+def with_float32_state(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` computed in float32 whatever the parameter dtype.
+
+  Gradients and parameters are upcast before `inner` sees them, so its state
+  (Adam's mu and nu, SGD's momentum) is created and updated in float32, and
+  so are the global norm of clipping and the decoupled weight decay; the
+  updates are cast back to each gradient's dtype. With float32 parameters
+  this is `inner` unchanged. (`optax.adamw(mu_dtype=...)` covers only mu: nu
+  follows the gradients, and in bfloat16 `b2 = 0.999` rounds to 1, so nu
+  would stop averaging.)
+  """
+  def up(tree):
+    return jax.tree.map(
+      lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+  def update(updates, state, params=None):
+    new, state = inner.update(up(updates), state, None if params is None else up(params))
+    return jax.tree.map(lambda u, g: u.astype(g.dtype), new, updates), state
+
+  return optax.GradientTransformation(lambda params: inner.init(up(params)), update)
 
 
 def restore(start: StartPoint, checkpointer: Checkpointer, state: TrainState

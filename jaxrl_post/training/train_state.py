@@ -83,12 +83,13 @@ def train_state_shardings(abstract: TrainState, mesh: Mesh, rules: Rules = DEFAU
   replicated = NamedSharding(mesh, PartitionSpec())
   by_shape = {}
   for variable, sharding in zip(jax.tree.leaves(abstract.params), jax.tree.leaves(param_shardings)):
-    by_shape.setdefault((variable.shape, variable.dtype), sharding)
+    by_shape.setdefault(variable.shape, sharding)
 
   def opt_sharding(x):
-    # Adam's mu / nu have the shapes of the parameters; anything else (counts)
-    # is replicated. Parameters of equal shape share logical axes here.
-    return by_shape.get((x.shape, x.dtype), replicated) if x.ndim else replicated
+    # Adam's mu / nu have the shapes of the parameters (not always their dtype:
+    # float32 moments of bf16 parameters); anything else (counts) is
+    # replicated. Parameters of equal shape share logical axes here.
+    return by_shape.get(x.shape, replicated) if x.ndim else replicated
 
   return TrainState(step=replicated, params=param_shardings,
                     opt_state=jax.tree.map(opt_sharding, abstract.opt_state), rng=replicated,
@@ -144,14 +145,18 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
         (loss, aux), grads = grad_fn(state.params, micro_batch | common)
         total_loss, total_aux, total_grads = carry
         return (total_loss + loss, jax.tree.map(jnp.add, total_aux, aux),
-                jax.tree.map(jnp.add, total_grads, grads)), None
+                jax.tree.map(lambda t, g: t + g.astype(t.dtype), total_grads, grads)), None
 
       first = jax.tree.map(lambda x: x[0], split)
       abstract_aux = jax.eval_shape(lambda p: loss_of_params(p, first | common)[1], state.params)
+      # Gradients of bf16 parameters are summed in float32 (one rounding at the
+      # end, not one per micro-batch).
       zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
                                                         abstract_aux),
-               jax.tree.map(jnp.zeros_like, state.params))
+               jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)),
+                            state.params))
       (loss, aux, grads), _ = jax.lax.scan(accumulate, zeros, split)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
       grad_norm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
