@@ -1,5 +1,6 @@
 """Hugging Face checkpoints: logits parity with transformers, round trips, errors."""
 
+import dataclasses
 import json
 import shutil
 
@@ -14,6 +15,7 @@ from jax.sharding import Mesh
 
 from jaxrl_post.models import CausalLM, default_positions
 from jaxrl_post.models.hf import CheckpointError, load_hf, save_hf
+from jaxrl_post.models.model_config import ModelConfig
 from jaxrl_post.models.safetensors_io import write_checkpoint
 
 # Small random configs of each family; each switches on the family's quirk
@@ -248,6 +250,71 @@ def test_sharded_load_reads_only_each_shard(family, dtype, mesh_name, tmp_path, 
   matrices = [s.hf_name for s in tensor_specs(config) if len(s.hf_shape) == 2
               and config.vocab_size not in s.hf_shape]
   assert matrices and all(max(by_name[n]) * blocks == sizes[n] for n in matrices)
+
+
+_needs_scan = pytest.mark.skipif(
+  "scan_layers" not in {f.name for f in dataclasses.fields(ModelConfig)},
+  reason="ModelConfig.scan_layers not available")
+
+
+@_needs_scan
+@pytest.mark.parametrize("family", sorted(HF_CONFIGS))
+def test_scanned_layers_load_save_and_match_transformers(family, tmp_path):
+  """scan_layers=True: each stacked leaf is the unrolled layers stacked, logits match
+  transformers, and save_hf unstacks into a checkpoint that transformers and the
+  unrolled load read back bit for bit."""
+  hf_model = _hf_model(family)
+  hf_model.save_pretrained(tmp_path / "in")
+  unrolled = load_hf(tmp_path / "in", attention_impl="plain")
+  scanned = load_hf(tmp_path / "in", attention_impl="plain", scan_layers=True)
+  assert scanned.config.scan_layers
+  stacked = dict(nnx.to_flat_state(nnx.state(scanned, nnx.Param)))
+  for path, variable in nnx.to_flat_state(nnx.state(unrolled, nnx.Param)):
+    if path[0] == "layers":
+      layer, rest = path[1], path[2:]
+      np.testing.assert_array_equal(stacked[("layers", *rest)].get_value()[layer],
+                                    variable.get_value())
+    else:
+      np.testing.assert_array_equal(stacked[path].get_value(), variable.get_value())
+  tokens, mask = _batch(seed=6)
+  assert _max_diff(_ours(scanned, tokens, mask), _hf_logits(hf_model, tokens, mask), mask) <= 1e-4
+
+  save_hf(scanned, tmp_path / "out", max_shard_bytes=30_000)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+    tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
+  assert _max_diff(_ours(scanned, tokens, mask), _hf_logits(reloaded, tokens, mask), mask) <= 1e-4
+  again = load_hf(tmp_path / "out", attention_impl="plain")
+  for a, b in zip(jax.tree.leaves(nnx.state(unrolled)), jax.tree.leaves(nnx.state(again))):
+    np.testing.assert_array_equal(a, b)
+
+
+@_needs_scan
+def test_scanned_sharded_load_reads_each_layers_shard(tmp_path, monkeypatch):
+  """A stacked leaf on fsdp × tensor: `[layers, ...]` with the layer axis whole; each
+  device's block is read as one shard-sized slice per layer, never a whole tensor."""
+  from jaxrl_post.models.hf import tensor_specs
+  from jaxrl_post.models.safetensors_io import CheckpointReader
+  _hf_model("qwen3").save_pretrained(tmp_path)
+  reference = load_hf(tmp_path, scan_layers=True, dtype=jnp.bfloat16)
+  mesh = _mesh("fsdp4_tensor2")
+  counter = _CountingReads(monkeypatch)
+  ours = load_hf(tmp_path, scan_layers=True, dtype=jnp.bfloat16, mesh=mesh)
+  monkeypatch.undo()
+  q_proj = ours.layers.attn.q_proj.get_value()
+  assert q_proj.shape == (4, 48, 4, 20)
+  assert q_proj.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+  expected = dict(nnx.to_flat_state(nnx.state(reference, nnx.Param)))
+  for path, variable in nnx.to_flat_state(nnx.state(ours, nnx.Param)):
+    np.testing.assert_array_equal(np.asarray(variable.get_value()),
+                                  np.asarray(expected[path].get_value()))
+  reader = CheckpointReader(tmp_path)
+  reads = {}
+  for name, nbytes in counter.reads:
+    reads.setdefault(name, []).append(nbytes)
+  for spec in tensor_specs(ours.config):
+    if spec.hf_name.endswith("q_proj.weight"):
+      size = 4 * int(np.prod(reader.dtype_and_shape(spec.hf_name)[1]))
+      assert reads[spec.hf_name] == [size // 8] * 8, spec.hf_name
 
 
 def test_read_block_is_the_block_of_the_converted_tensor(tmp_path):

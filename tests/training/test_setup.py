@@ -1,5 +1,7 @@
 """`setup.build_model` and the train step with the run's dtypes (presets and HF loads)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -11,6 +13,7 @@ from jax.sharding import Mesh
 from jaxrl_post import tokenizers
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.models.hf import save_hf
+from jaxrl_post.models.model_config import ModelConfig
 from jaxrl_post.training import base_configs
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import StartPoint
@@ -74,6 +77,18 @@ def test_hf_start_in_the_configured_dtypes_born_sharded(tokenizer, hf_dir):
                                   np.asarray(ref.get_value()).astype(jnp.bfloat16))
   q_proj = model.layers[0].attn.q_proj.get_value()
   assert q_proj.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+
+
+@pytest.mark.skipif("scan_layers" not in {f.name for f in dataclasses.fields(ModelConfig)},
+                    reason="ModelConfig.scan_layers not available")
+def test_hf_start_takes_the_run_options_of_model_overrides(tokenizer, hf_dir):
+  """scan_layers / remat_policy in `model_overrides` apply to a HF start too."""
+  config = _config()
+  config.model_overrides.scan_layers = True
+  config.model_overrides.remat_policy = "full"
+  model = run_setup.build_model(config, tokenizer, StartPoint("init_from_hf", hf_dir))
+  assert model.config.scan_layers and model.config.remat_policy == "full"
+  assert model.layers.attn.q_proj.get_value().shape[0] == model.config.num_layers
 
 
 @pytest.mark.parametrize("key", ["param_dtype", "dtype"])
