@@ -69,6 +69,10 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Decode budget (cache = pr
 _NUM_CPU = flags.DEFINE_integer("num_cpu_devices", 8, "Fake CPU devices (CPU backend only).")
 _TOPOLOGY = flags.DEFINE_string(
   "topology", "", "Compile for a TPU topology you do not hold, e.g. v5p:2x2x2 (needs libtpu).")
+_SCAN_LAYERS = flags.DEFINE_boolean(
+  "scan_layers", None, "Layers under scan (--scan_layers / --noscan_layers; default: preset's).")
+_REMAT = flags.DEFINE_string(
+  "remat_policy", "", "Layer rematerialisation: none, full or dots (default: the preset's).")
 _SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, decode_step.")
 
 
@@ -170,13 +174,9 @@ def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> 
   b, cache_len = _SAMPLE_BATCH.value, _PROMPT_LEN.value + _MAX_NEW.value
   model = nnx.merge(graphdef, abstract_params)
   abstract_cache = jax.eval_shape(lambda: model.init_cache(b, cache_len))
-  cache_type = type(abstract_cache)
-  sharded = lambda names: lambda a: logical_sharding(names, mesh, rules, a.shape)  # noqa: E731
-  cache_shardings = cache_type(
-    k=tuple(map(sharded(cache_type.K_AXES), abstract_cache.k)),
-    v=tuple(map(sharded(cache_type.V_AXES), abstract_cache.v)),
-    mask=logical_sharding((axes.BATCH, axes.CACHE_LENGTH), mesh, rules, (b, cache_len)),
-    index=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  # Per-layer buffers, or `[layers, ...]` ones for a scan_layers model: the
+  # cache names its own logical axes (`KVCache.k_axes` / `v_axes`).
+  cache_shardings = abstract_cache.shardings(mesh, rules)
   cache = _abstract(abstract_cache, cache_shardings)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   logits = jax.ShapeDtypeStruct((b, model_config.vocab_size), jnp.float32,
@@ -234,6 +234,10 @@ def main(argv):
     overrides["param_dtype"] = _PARAM_DTYPE.value
   if _DTYPE.value:
     overrides["dtype"] = _DTYPE.value
+  if _SCAN_LAYERS.value is not None:
+    overrides["scan_layers"] = _SCAN_LAYERS.value
+  if _REMAT.value:
+    overrides["remat_policy"] = _REMAT.value
   model_config = get_model_config(_MODEL.value, **overrides)
   config = mesh_lib.mesh_config(_MESH_AXES.value, ici=_sizes(_ICI.value),
                                 train_rules=_TRAIN_RULES.value, sample_rules=_SAMPLE_RULES.value)

@@ -2,10 +2,16 @@
 multimodal models built on them (a dense detector, a point-cloud quality rater)."""
 
 from jaxrl_post.models.configs import MODEL_PRESETS, get_model_config
-from jaxrl_post.models.model_config import ModelConfig, RopeScaling
+from jaxrl_post.models.model_config import REMAT_POLICIES, ModelConfig, RopeScaling
 from jaxrl_post.models.perception import PerceptionConfig, PerceptionDetector
 from jaxrl_post.models.point_cloud import PointCloudLM
-from jaxrl_post.models.transformer import CausalLM, KVCache, default_positions
+from jaxrl_post.models.transformer import (
+  CausalLM,
+  KVCache,
+  default_positions,
+  stack_layer_params,
+  unstack_layer_params,
+)
 
 __all__ = [
   "MODEL_PRESETS",
@@ -15,7 +21,10 @@ __all__ = [
   "PerceptionConfig",
   "PerceptionDetector",
   "PointCloudLM",
+  "REMAT_POLICIES",
   "RopeScaling",
   "default_positions",
   "get_model_config",
+  "stack_layer_params",
+  "unstack_layer_params",
 ]

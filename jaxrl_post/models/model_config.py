@@ -21,6 +21,10 @@ import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3", "smollm3")
 ATTENTION_IMPLS = ("xla", "cudnn", "plain")
+# Rematerialisation of a decoder layer in the backward pass (`jax.checkpoint`):
+# "none" keeps every activation, "full" recomputes the whole layer from its
+# input, "dots" keeps the outputs of the weight matmuls and recomputes the rest.
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,6 +84,18 @@ class ModelConfig:
     attention_impl: "xla" (`jax.nn.dot_product_attention`, XLA kernel),
       "cudnn" (the same call forced onto cuDNN flash attention, GPU only) or
       "plain" (explicit grouped matmuls + softmax; the reference path).
+    scan_layers: run the decoder layers under one `jax.lax.scan` with
+      parameters stacked on a leading `layers` axis (and a stacked KV cache),
+      so compile time does not grow with depth; False keeps one Python-unrolled
+      layer per block and one cache buffer per layer (faster decode on CPU,
+      DESIGN §5).
+    remat_policy: one of `REMAT_POLICIES`, how each layer is rematerialised
+      in the backward pass: "none" (no `jax.checkpoint`), "full"
+      (`jax.checkpoint` saving nothing but the layer's input; the backward
+      recomputes the layer's forward) or "dots"
+      (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`: the outputs
+      of the q/k/v/o and MLP projections are kept, the attention einsums, which
+      have batch dimensions, norms and activations are recomputed).
     bos_token_id, eos_token_ids, pad_token_id: carried through HF round trips.
   """
 
@@ -104,6 +120,8 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   attention_impl: str = "xla"
+  scan_layers: bool = False
+  remat_policy: str = "none"
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
@@ -122,6 +140,10 @@ class ModelConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(
         f"attention_impl={self.attention_impl!r} is not supported; valid: {ATTENTION_IMPLS}"
+      )
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(
+        f"remat_policy={self.remat_policy!r} is not supported; valid: {REMAT_POLICIES}"
       )
     for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
                  "head_dim", "mlp_dim"):

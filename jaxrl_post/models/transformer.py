@@ -14,8 +14,14 @@ Layout choices (measured on XLA:CPU, see docs/benchmarks.md and DESIGN §5):
     (q·K is a multiply-add along `length`, p·V along `head_dim`), which made a
     decode step's attention 2× faster than the `[.., length, head_dim]` key
     layout and 5× faster than `jax.nn.dot_product_attention` on XLA:CPU.
-  * Layers are unrolled Python loops (no scan), which keeps per-layer cache
-    buffers separate during decoding.
+  * Layers are unrolled Python loops by default, which keeps per-layer cache
+    buffers separate during decoding (the faster decode on CPU). With
+    `config.scan_layers` the layers are one `DecoderLayer` whose parameters
+    carry a leading `layers` axis, run under `jax.lax.scan`, with the cache
+    stacked `[layers, ...]` and scanned alongside (xs in, ys out): the program
+    holds one layer, so compile time does not grow with depth (real presets).
+  * `config.remat_policy` wraps each layer call in `jax.checkpoint` in both
+    paths (`REMAT_POLICIES`).
 """
 
 from __future__ import annotations
@@ -54,8 +60,11 @@ class KVCache:
 
   Attributes:
     k: one `[batch, kv_heads, head_dim, max_len]` array per layer (keys stored
-      transposed; see the module docstring).
-    v: one `[batch, kv_heads, max_len, head_dim]` array per layer.
+      transposed; see the module docstring), or, for a model with
+      `scan_layers`, one stacked `[layers, batch, kv_heads, head_dim, max_len]`
+      array (`stacked`).
+    v: one `[batch, kv_heads, max_len, head_dim]` array per layer, or one
+      `[layers, batch, kv_heads, max_len, head_dim]` array when stacked.
     mask: `bool[batch, max_len]`, True where a slot holds a real token (left
       padding and unwritten slots are False).
     index: `int32[]`, the next slot to write. All rows write the same slot;
@@ -63,7 +72,8 @@ class KVCache:
       batches work.
     prefix_k, prefix_v, prefix_mask: optional prompt slots shared by groups of
       rows (n samples per prompt): per layer `[groups, kv_heads, head_dim,
-      prefix_len]` and `[groups, kv_heads, prefix_len, head_dim]`, and
+      prefix_len]` and `[groups, kv_heads, prefix_len, head_dim]` (stacked
+      like `k` / `v` with a leading `layers` axis when `stacked`), and
       `bool[groups, prefix_len]`; rows g·n … g·n + n − 1 attend to group g's
       prefix before their own slots (`cascade_attention`). Empty without.
   """
@@ -76,13 +86,50 @@ class KVCache:
   prefix_v: tuple[jax.Array, ...] = ()
   prefix_mask: jax.Array | None = None
 
-  # Logical axis names of the buffers (sharding rules map them to mesh axes).
+  # Logical axis names of one layer's buffers (sharding rules map them to mesh
+  # axes); a stacked cache has `axes.LAYERS` in front (`k_axes` / `v_axes`).
   K_AXES = (axes.BATCH, axes.KV_HEADS, axes.HEAD_DIM, axes.CACHE_LENGTH)
   V_AXES = (axes.BATCH, axes.KV_HEADS, axes.CACHE_LENGTH, axes.HEAD_DIM)
 
   @property
   def max_len(self) -> int:
     return self.mask.shape[1]
+
+  @property
+  def stacked(self) -> bool:
+    """True when `k` / `v` are single `[layers, ...]` arrays (a `scan_layers` model)."""
+    return not isinstance(self.k, (tuple, list))
+
+  @property
+  def k_axes(self) -> tuple[str, ...]:
+    """Logical axes of each array in `k` (and `prefix_k`)."""
+    return ((axes.LAYERS,) if self.stacked else ()) + self.K_AXES
+
+  @property
+  def v_axes(self) -> tuple[str, ...]:
+    """Logical axes of each array in `v` (and `prefix_v`)."""
+    return ((axes.LAYERS,) if self.stacked else ()) + self.V_AXES
+
+  @property
+  def row_axis(self) -> int:
+    """The axis of `k` / `v` arrays that holds the rows (the `batch` axis)."""
+    return 1 if self.stacked else 0
+
+  def shardings(self, mesh, rules=axes.DEFAULT_RULES) -> KVCache:
+    """`NamedSharding`s of every buffer (a `KVCache` of shardings), from the logical axes.
+
+    Works on a cache of arrays or of `jax.ShapeDtypeStruct`s (`jax.eval_shape`).
+    """
+    def named(names):
+      return lambda x: axes.logical_sharding(names, mesh, rules, x.shape)
+
+    k, v = named(self.k_axes), named(self.v_axes)
+    return self.replace(
+      k=jax.tree.map(k, self.k), v=jax.tree.map(v, self.v),
+      prefix_k=jax.tree.map(k, self.prefix_k), prefix_v=jax.tree.map(v, self.prefix_v),
+      mask=named((axes.BATCH, axes.CACHE_LENGTH))(self.mask),
+      index=named(())(self.index),
+      prefix_mask=jax.tree.map(named((axes.BATCH, axes.CACHE_LENGTH)), self.prefix_mask))
 
 
 class RMSNorm(nnx.Module):
@@ -216,13 +263,17 @@ def library_attention(q, k, v, mask, scale, implementation=None):
 
 
 class Attention(nnx.Module):
-  """Grouped-query self-attention with optional QK-norm, biases and RoPE."""
+  """Grouped-query self-attention with optional QK-norm, biases and RoPE.
 
-  def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+  `layer` is the block's index (it decides RoPE vs NoPE); None for the one
+  stacked block of a `scan_layers` model, whose caller passes `use_rope`.
+  """
+
+  def __init__(self, config: ModelConfig, layer: int | None, *, rngs: nnx.Rngs):
     c = config
     d, n, k, h, pdt = c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.param_dtype
     self.config = c
-    self.use_rope = c.uses_rope(layer)
+    self.use_rope = None if layer is None else c.uses_rope(layer)
     self.q_proj = _param(_normal(rngs, (d, n, h), pdt), (axes.EMBED, axes.HEADS, axes.HEAD_DIM))
     self.k_proj = _param(_normal(rngs, (d, k, h), pdt), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM))
     self.v_proj = _param(_normal(rngs, (d, k, h), pdt), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM))
@@ -252,14 +303,19 @@ class Attention(nnx.Module):
     return library_attention(q, k, v, mask, scale,
                              implementation="cudnn" if impl == "cudnn" else None)
 
-  def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None, prefix=None):
+  def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None, prefix=None,
+               use_rope=None):
     """Args: x `[b, t, d]`; sin/cos `[b, t, h/2]`; mask `bool[b, t, s]`;
     cache_kv: optional `(k, v)` cache buffers (`KVCache` layouts) written at
     `cache_index`; the queries then attend over the whole buffer, with
     `cached_attention` when decoding one token (whatever `attention_impl`
     says: it is the fast path on CPU and bandwidth-bound on GPU);
     prefix: optional `(k, v, mask)` prompt slots shared by groups of rows
-    (`KVCache.prefix_*`), attended first (`cascade_attention`, t = 1 only).
+    (`KVCache.prefix_*`), attended first (`cascade_attention`, t = 1 only);
+    use_rope: overrides the layer's own RoPE switch; a Python bool, or a
+    `bool[]` array (a scanned layer's flag), which selects between the rotated
+    and the plain q/k with `jnp.where` (both are computed: a NoPE layer in a
+    scan shares its program with RoPE layers).
     Returns `(out [b, t, d], (k, v) or None)`."""
     c = self.config
     q = self._project(x, self.q_proj, self.q_bias)
@@ -267,8 +323,15 @@ class Attention(nnx.Module):
     v = self._project(x, self.v_proj, self.v_bias)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    if self.use_rope:
-      q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+    use_rope = self.use_rope if use_rope is None else use_rope
+    if use_rope is None:
+      raise ValueError("a stacked (scan_layers) attention block needs use_rope at call time")
+    if isinstance(use_rope, (bool, np.bool_)):
+      if use_rope:
+        q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+    else:
+      q = jnp.where(use_rope, apply_rope(q, sin, cos), q)
+      k = jnp.where(use_rope, apply_rope(k, sin, cos), k)
     q = constrain(q, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM))
     scale = c.head_dim**-0.5
     if cache_kv is not None:
@@ -327,9 +390,13 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
 
-  def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+  `layer`: the block's index, or None for the stacked block of a
+  `scan_layers` model (see `Attention`).
+  """
+
+  def __init__(self, config: ModelConfig, layer: int | None, *, rngs: nnx.Rngs):
     kw = dict(eps=config.rms_norm_eps, param_dtype=config.param_dtype)
     self.input_norm = RMSNorm(config.embed_dim, **kw)
     self.attn = Attention(config, layer, rngs=rngs)
@@ -353,8 +420,121 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def remat_policy(name: str):
+  """The `jax.checkpoint` policy of `ModelConfig.remat_policy` `name` ("none": no checkpoint).
+
+  "full" is `jax.checkpoint`'s default (nothing saveable: only the layer's
+  inputs are kept and the backward pass reruns the layer's forward); "dots" is
+  `jax.checkpoint_policies.dots_with_no_batch_dims_saveable`, which keeps
+  the outputs of dot_generals without batch dimensions, i.e. the weight
+  projections `[b, t, d] × [d, ...]`, and recomputes the attention einsums
+  (batched over batch × kv head), norms, RoPE and activations.
+  """
+  if name == "full":
+    return None
+  if name == "dots":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  raise ValueError(f"remat_policy={name!r} has no checkpoint policy; valid: 'full', 'dots'")
+
+
+def _rematted(fn, name: str, *, prevent_cse: bool):
+  """`fn` under `jax.checkpoint` with policy `name`, or `fn` itself for "none".
+
+  prevent_cse=False inside a scan: the loop already keeps XLA from merging the
+  recomputation into the forward, and the extra barriers only cost speed.
+  """
+  if name == "none":
+    return fn
+  return jax.checkpoint(fn, policy=remat_policy(name), prevent_cse=prevent_cse)
+
+
+def _is_unrolled_layer(path) -> bool:
+  return len(path) > 2 and path[0] == "layers" and isinstance(path[1], int)
+
+
+def _is_stacked_layer(path) -> bool:
+  return len(path) > 1 and path[0] == "layers" and isinstance(path[1], str)
+
+
+def _with_value(leaf, value, out_sharding):
+  """`leaf` (an `nnx.Variable` or a bare array) holding `value`, with new axis names."""
+  if not isinstance(leaf, nnx.Variable):
+    return value
+  if out_sharding is None:
+    return leaf.replace(value)
+  return leaf.replace(value, out_sharding=tuple(out_sharding))
+
+
+def stack_layer_params(state):
+  """An unrolled `CausalLM` state -> the state of the same model with `scan_layers=True`.
+
+  Every leaf at `("layers", i, *rest)`, i = 0 … L − 1, becomes one leaf at
+  `("layers", *rest)` of shape `[L, *shape]` (`stack` along a new axis 0), and
+  its `out_sharding` names gain a leading `axes.LAYERS`; other leaves are kept.
+  Leaves may be `nnx.Variable`s or bare arrays, and values arrays or
+  `jax.ShapeDtypeStruct`s.
+
+  Example:
+    >>> scanned = CausalLM(config.replace(scan_layers=True), rngs=nnx.Rngs(0))
+    >>> nnx.update(scanned, stack_layer_params(nnx.state(unrolled)))
+  """
+  kept, groups = [], {}
+  for path, leaf in nnx.to_flat_state(state):
+    if _is_unrolled_layer(path):
+      groups.setdefault(tuple(path[2:]), {})[path[1]] = leaf
+    else:
+      kept.append((tuple(path), leaf))
+  for rest, by_layer in groups.items():
+    if sorted(by_layer) != list(range(len(by_layer))):
+      raise ValueError(f"layers {sorted(by_layer)} of {'.'.join(map(str, rest))} are not "
+                       f"0 … {len(by_layer) - 1}")
+    leaves = [by_layer[i] for i in range(len(by_layer))]
+    values = [x.get_value() if isinstance(x, nnx.Variable) else x for x in leaves]
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in values):
+      value = jax.ShapeDtypeStruct((len(values),) + tuple(values[0].shape), values[0].dtype)
+    else:
+      value = jnp.stack(values)
+    names = (leaves[0].get_metadata().get("out_sharding")
+             if isinstance(leaves[0], nnx.Variable) else None)
+    kept.append((("layers",) + rest, _with_value(
+      leaves[0], value, None if names is None else (axes.LAYERS,) + tuple(names))))
+  return nnx.from_flat_state(kept)
+
+
+def unstack_layer_params(state):
+  """The inverse of `stack_layer_params`: a `scan_layers` state -> the unrolled one.
+
+  Every leaf at `("layers", *rest)` of shape `[L, *shape]` becomes L leaves
+  at `("layers", i, *rest)` of shape `shape`, with the leading `axes.LAYERS`
+  dropped from their `out_sharding` names.
+  """
+  out = []
+  for path, leaf in nnx.to_flat_state(state):
+    if not _is_stacked_layer(path):
+      out.append((tuple(path), leaf))
+      continue
+    value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+    names = leaf.get_metadata().get("out_sharding") if isinstance(leaf, nnx.Variable) else None
+    if names is not None and (not names or names[0] != axes.LAYERS):
+      raise ValueError(f"{'.'.join(map(str, path))} has axes {names}; a stacked layer "
+                       f"parameter starts with {axes.LAYERS!r}")
+    for i in range(value.shape[0]):
+      piece = (jax.ShapeDtypeStruct(tuple(value.shape[1:]), value.dtype)
+               if isinstance(value, jax.ShapeDtypeStruct) else value[i])
+      out.append((("layers", i) + tuple(path[1:]),
+                  _with_value(leaf, piece, None if names is None else names[1:])))
+  return nnx.from_flat_state(out)
+
+
 class CausalLM(nnx.Module):
   """Decoder-only LM: `model(tokens) -> logits` and cached incremental decoding.
+
+  With `config.scan_layers`, `self.layers` is one `DecoderLayer` whose
+  parameters have a leading `[num_layers]` axis named `axes.LAYERS` (state
+  paths `("layers", "attn", "q_proj")`, shape `[L, embed, heads, head_dim]`),
+  run under `jax.lax.scan`; otherwise an `nnx.List` of L layers (paths
+  `("layers", i, "attn", "q_proj")`). `stack_layer_params` /
+  `unstack_layer_params` convert one state into the other.
 
   Example:
     >>> from jaxrl_post.models import CausalLM, get_model_config
@@ -368,7 +548,18 @@ class CausalLM(nnx.Module):
     c = config
     self.embed = _param(_normal(rngs, (c.vocab_size, c.embed_dim), c.param_dtype),
                         (axes.VOCAB, axes.EMBED))
-    self.layers = nnx.List([DecoderLayer(c, i, rngs=rngs) for i in range(c.num_layers)])
+    if c.scan_layers:
+      # One block built L times under vmap, each with its own split of the
+      # params key; `transform_metadata` prepends the `layers` axis name to
+      # every parameter's `out_sharding`, so sharding rules see it.
+      @nnx.split_rngs(splits=c.num_layers)
+      @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: axes.LAYERS})
+      def stacked(rngs):
+        return DecoderLayer(c, None, rngs=rngs)
+
+      self.layers = stacked(rngs)
+    else:
+      self.layers = nnx.List([DecoderLayer(c, i, rngs=rngs) for i in range(c.num_layers)])
     self.final_norm = RMSNorm(c.embed_dim, eps=c.rms_norm_eps, param_dtype=c.param_dtype)
     if c.tie_embeddings:
       self.lm_head = None
@@ -377,14 +568,93 @@ class CausalLM(nnx.Module):
                             (axes.EMBED, axes.VOCAB))
 
   def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
-    """An empty cache for `batch` rows of up to `max_len` tokens (prompt included)."""
+    """An empty cache for `batch` rows of up to `max_len` tokens (prompt included).
+
+    Stacked (`[layers, batch, ...]` arrays) for a `scan_layers` model, else one
+    buffer per layer.
+    """
     c = self.config
     dtype = c.dtype if dtype is None else dtype
     k_shape = (batch, c.num_kv_heads, c.head_dim, max_len)
     v_shape = (batch, c.num_kv_heads, max_len, c.head_dim)
+    if c.scan_layers:
+      return KVCache(k=jnp.zeros((c.num_layers,) + k_shape, dtype),
+                     v=jnp.zeros((c.num_layers,) + v_shape, dtype),
+                     mask=jnp.zeros((batch, max_len), jnp.bool_), index=jnp.zeros((), jnp.int32))
     return KVCache(k=tuple(jnp.zeros(k_shape, dtype) for _ in range(c.num_layers)),
                    v=tuple(jnp.zeros(v_shape, dtype) for _ in range(c.num_layers)),
                    mask=jnp.zeros((batch, max_len), jnp.bool_), index=jnp.zeros((), jnp.int32))
+
+  def _unrolled_layers(self, x, *, sin, cos, mask, cache):
+    """The Python loop over `self.layers`; returns `(x, new_k, new_v)` (tuples, or None)."""
+    policy = self.config.remat_policy
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      kwargs = dict(sin=sin, cos=cos, mask=mask)
+      if cache is not None:
+        kwargs.update(cache_kv=(cache.k[i], cache.v[i]), cache_index=cache.index)
+        if cache.prefix_mask is not None:
+          kwargs.update(prefix=(cache.prefix_k[i], cache.prefix_v[i], cache.prefix_mask))
+      if policy == "none":
+        x, kv = layer(x, **kwargs)
+      else:
+        # Functional form, so that `jax.checkpoint` sees the layer's parameters
+        # as arguments (saved for the backward pass, never recomputed).
+        graphdef, params = nnx.split(layer)
+        call = lambda params, x, kwargs, graphdef=graphdef: nnx.merge(graphdef, params)(  # noqa: E731
+          x, **kwargs)
+        x, kv = _rematted(call, policy, prevent_cse=True)(params, x, kwargs)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    if cache is None:
+      return x, None, None
+    return x, tuple(new_k), tuple(new_v)
+
+  def _scanned_layers(self, x, *, sin, cos, mask, cache):
+    """`jax.lax.scan` of the stacked block over its `[L, ...]` parameters.
+
+    xs per step: the layer's parameter slice, its RoPE flag (when the config
+    mixes RoPE and NoPE layers) and its cache slices `[batch, ...]`; the
+    carry is the residual stream x `[batch, time, embed]`; ys are the updated
+    cache slices, stacked back to `[L, batch, ...]` (donated buffers are
+    updated in place). Returns `(x, new_k, new_v)` (arrays, or None).
+    """
+    c = self.config
+    graphdef, params = nnx.split(self.layers)
+    xs = dict(params=params)
+    rope = [c.uses_rope(i) for i in range(c.num_layers)]
+    static = {}
+    if all(rope) or not any(rope):
+      static["use_rope"] = bool(rope[0])  # one program for every layer: no select needed
+    else:
+      xs["use_rope"] = jnp.asarray(rope)
+    if cache is not None:
+      xs.update(k=cache.k, v=cache.v)
+      if cache.prefix_mask is not None:
+        xs.update(prefix_k=cache.prefix_k, prefix_v=cache.prefix_v)
+
+    def call(params, x, kwargs):
+      return nnx.merge(graphdef, params)(x, **kwargs, **static)
+
+    call = _rematted(call, c.remat_policy, prevent_cse=False)
+
+    def body(x, xs):
+      kwargs = dict(sin=sin, cos=cos, mask=mask)
+      if "use_rope" in xs:
+        kwargs["use_rope"] = xs["use_rope"]
+      if cache is not None:
+        kwargs.update(cache_kv=(xs["k"], xs["v"]), cache_index=cache.index)
+        if cache.prefix_mask is not None:
+          kwargs.update(prefix=(xs["prefix_k"], xs["prefix_v"], cache.prefix_mask))
+      return call(xs["params"], x, kwargs)
+
+    x, new_kv = jax.lax.scan(body, x, xs)
+    if cache is None:
+      return x, None, None
+    new_k, new_v = new_kv
+    return (x, constrain(new_k, (axes.LAYERS,) + KVCache.K_AXES),
+            constrain(new_v, (axes.LAYERS,) + KVCache.V_AXES))
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """`int32[batch, time]` -> `[batch, time, embed]` input embeddings (model dtype)."""
@@ -445,17 +715,8 @@ class CausalLM(nnx.Module):
       query_slots = cache.index + jnp.arange(t)
       mask = kv_mask[:, None, :] & (key_slots[None, None, :] <= query_slots[None, :, None])
 
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      kwargs = dict(sin=sin, cos=cos, mask=mask)
-      if cache is not None:
-        kwargs.update(cache_kv=(cache.k[i], cache.v[i]), cache_index=cache.index)
-        if cache.prefix_k:
-          kwargs.update(prefix=(cache.prefix_k[i], cache.prefix_v[i], cache.prefix_mask))
-      x, kv = layer(x, **kwargs)
-      if kv is not None:
-        new_k.append(kv[0])
-        new_v.append(kv[1])
+    run = self._scanned_layers if c.scan_layers else self._unrolled_layers
+    x, new_k, new_v = run(x, sin=sin, cos=cos, mask=mask, cache=cache)
 
     hidden = self.final_norm(x)
     if self.lm_head is None:
@@ -468,7 +729,7 @@ class CausalLM(nnx.Module):
 
     outputs = (logits,)
     if cache is not None:
-      outputs += (cache.replace(k=tuple(new_k), v=tuple(new_v), mask=kv_mask,
+      outputs += (cache.replace(k=new_k, v=new_v, mask=kv_mask,
                                 index=cache.index + t),)
     if return_hidden:
       outputs += (hidden,)

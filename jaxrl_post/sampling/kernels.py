@@ -126,7 +126,9 @@ def prefill(graphdef, state, tokens, mask, *, cache_len: int, num_samples: int,
     With n > 1 the prompt slots stay once per prompt (`KVCache.prefix_*`) and
     each row gets `cache_len − prompt_len` empty slots of its own: decoding
     then reads a prompt's slots once per group, not n times
-    (`cascade_attention`), and prefill copies no cache.
+    (`cascade_attention`), and prefill copies no cache. The buffers are
+    per layer, or stacked `[layers, ...]` for a `scan_layers` model
+    (`KVCache.stacked`).
   """
   model = nnx.merge(graphdef, state)
   prompt_len = tokens.shape[1]
@@ -163,16 +165,22 @@ def decode_phases(max_new_tokens: int) -> list[int]:
 
 
 def resize_cache(cache: KVCache, length: int) -> KVCache:
-  """The rows' own slots cut or zero-padded (mask False) to `length`; a shared prefix stays."""
+  """The rows' own slots cut or zero-padded (mask False) to `length`; a shared prefix stays.
+
+  Per-layer buffers (tuples) and stacked `[layers, ...]` ones alike: the slot
+  axis is the last of a key buffer and the second to last of a value buffer.
+  """
   extra = length - cache.max_len
   if extra == 0:
     return cache
   if extra < 0:
-    return cache.replace(k=tuple(k[..., :length] for k in cache.k),
-                         v=tuple(v[:, :, :length] for v in cache.v), mask=cache.mask[:, :length])
-  pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
-  return cache.replace(k=tuple(pad(k, 3) for k in cache.k), v=tuple(pad(v, 2) for v in cache.v),
-                       mask=pad(cache.mask, 1))
+    return cache.replace(k=jax.tree.map(lambda k: k[..., :length], cache.k),
+                         v=jax.tree.map(lambda v: v[..., :length, :], cache.v),
+                         mask=cache.mask[:, :length])
+  pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis % x.ndim else 0)  # noqa: E731
+                                    for a in range(x.ndim)])
+  return cache.replace(k=jax.tree.map(lambda k: pad(k, -1), cache.k),
+                       v=jax.tree.map(lambda v: pad(v, -2), cache.v), mask=pad(cache.mask, 1))
 
 
 class DecodeOutput(NamedTuple):
@@ -203,7 +211,10 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
   of a decode step; with 128 new tokens after a 64-token prompt, the 7 phases
   read 28 % fewer slots than attending over all 192 every step. Between phases the
   cache is padded (one copy); the last phase ends at the full length, so the
-  returned cache has the input's shape.
+  returned cache has the input's shape. A stacked cache (`scan_layers`)
+  goes through the layer scan each step, its `[layers, ...]` buffers as the
+  scan's xs and ys, so one layer's program serves all (the per-layer buffers of
+  unrolled layers decode faster on CPU, DESIGN §5).
 
   Args:
     graphdef, state: the model.

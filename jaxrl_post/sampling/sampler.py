@@ -267,8 +267,14 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
     return out._replace(steps=jax.lax.pmax(out.steps, data), cache=cache)
 
   rows = PartitionSpec(data)
-  # Every buffer's leading axis is rows or prompts, both split the same way.
-  cache_spec = jax.tree.map(lambda _: rows, cache).replace(index=PartitionSpec())
+  # Every buffer's row axis is rows or prompts, both split the same way: the
+  # leading axis, after the `layers` axis of a stacked (scan_layers) cache.
+  layer_rows = PartitionSpec(*(None,) * cache.row_axis, data)
+  cache_spec = jax.tree.map(lambda _: rows, cache).replace(
+    index=PartitionSpec(), k=jax.tree.map(lambda _: layer_rows, cache.k),
+    v=jax.tree.map(lambda _: layer_rows, cache.v),
+    prefix_k=jax.tree.map(lambda _: layer_rows, cache.prefix_k),
+    prefix_v=jax.tree.map(lambda _: layer_rows, cache.prefix_v))
   top = rows if num_logprobs else None
   out_specs = kernels.DecodeOutput(rows, rows, rows, rows, top, top, PartitionSpec(), cache_spec)
   # check_vma=False: the loop carries mix per-device rows with replicated

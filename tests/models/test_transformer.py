@@ -58,9 +58,10 @@ def _left_padded_batch(rng, batch=3, length=12, vocab=256):
   return jnp.asarray(tokens), jnp.asarray(mask)
 
 
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("family", sorted(FAMILY_OVERRIDES))
-def test_prefill_plus_decode_equals_full_forward(family):
-  model = _model(family)
+def test_prefill_plus_decode_equals_full_forward(family, scan_layers):
+  model = _model(family, scan_layers=scan_layers)
   prompt_len, steps = 8, 6
   tokens, mask = _left_padded_batch(np.random.RandomState(0), length=prompt_len + steps)
   mask = mask.at[:, prompt_len:].set(True)
@@ -266,6 +267,7 @@ def test_presets_build_and_count_parameters():
   (dict(head_dim=15), "must be even"),
   (dict(dtype="int32"), "floating dtype"),
   (dict(rope_scaling=dict(rope_type="yarn", factor=2.0)), "rope_type='yarn'"),
+  (dict(remat_policy="minimal"), r"remat_policy='minimal'.*'none', 'full', 'dots'"),
 ])
 def test_config_errors_name_the_field(bad, message):
   with pytest.raises(ValueError, match=message):
@@ -312,3 +314,203 @@ def test_input_embeddings_with_the_wrong_shape_are_named():
   tokens = jnp.zeros((2, 4), jnp.int32)
   with pytest.raises(ValueError, match="embeddings have shape"):
     model(tokens, embeddings=jnp.zeros((2, 5, model.config.embed_dim)))
+
+
+# ---- Layers under scan (`scan_layers`) and rematerialisation (`remat_policy`) ----
+
+SCAN_FAMILIES = ["qwen3", "qwen2", "smollm3"]  # QK-norm, q/k/v biases, NoPE layers
+
+
+def _scanned_twin(model: CausalLM, **config_changes) -> CausalLM:
+  """The same weights as `model` (unrolled), in a model with `scan_layers=True`."""
+  config = model.config.replace(scan_layers=True, **config_changes)
+  twin = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
+  graphdef = nnx.split(twin)[0]
+  return nnx.merge(graphdef, transformer.stack_layer_params(nnx.state(model)))
+
+
+def _family_3_layers(family: str, **kw) -> CausalLM:
+  # 3 layers, so a NoPE layer (smollm3: layer 1) sits between RoPE layers.
+  return _model(family, num_layers=3, **kw)
+
+
+def _loss(model, tokens, mask):
+  logp = jax.nn.log_softmax(model(tokens, attention_mask=mask))
+  return -jnp.mean(jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1))
+
+
+def test_scanned_parameters_are_stacked_with_a_layers_axis():
+  config = get_model_config("tiny", **FAMILY_OVERRIDES["qwen2"], scan_layers=True, num_layers=3)
+  model = CausalLM(config, rngs=nnx.Rngs(0))
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  q_proj = flat[("layers", "attn", "q_proj")]
+  assert q_proj.get_value().shape == (3, config.embed_dim, config.num_heads, config.head_dim)
+  assert q_proj.get_metadata()["out_sharding"] == ("layers", "embed", "heads", "head_dim")
+  assert flat[("layers", "attn", "k_bias")].get_value().shape == (3, config.num_kv_heads,
+                                                                  config.head_dim)
+  for path, variable in flat.items():
+    if path[0] == "layers":
+      assert variable.get_metadata()["out_sharding"][0] == "layers", path
+      assert variable.get_value().shape[0] == 3, path
+  # Layers are initialised independently (split keys), not copies of one draw.
+  q = np.asarray(q_proj.get_value())
+  assert not np.allclose(q[0], q[1])
+
+
+def test_stack_and_unstack_layer_params_round_trip():
+  model = _family_3_layers("qwen3")
+  state = nnx.state(model)
+  stacked = transformer.stack_layer_params(state)
+  assert stacked["layers"]["attn"]["q_proj"].get_value().shape[0] == 3
+  back = transformer.unstack_layer_params(stacked)
+  chex.assert_trees_all_equal(back, state)
+  for (path, a), (_, b) in zip(nnx.to_flat_state(back), nnx.to_flat_state(state)):
+    assert a.get_metadata()["out_sharding"] == b.get_metadata()["out_sharding"], path
+  # Shapes only (abstract states, e.g. from nnx.eval_shape) go through too.
+  abstract = nnx.state(nnx.eval_shape(lambda: CausalLM(model.config, rngs=nnx.Rngs(0))))
+  shapes = transformer.stack_layer_params(abstract)
+  assert shapes["layers"]["mlp"]["up_proj"].get_value().shape == (3, 64, 128)
+
+
+@pytest.mark.parametrize("family", SCAN_FAMILIES)
+def test_scanned_layers_match_unrolled_logits_and_gradients(family):
+  model = _family_3_layers(family)
+  scanned = _scanned_twin(model)
+  tokens, mask = _left_padded_batch(np.random.RandomState(6))
+  valid = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(_forward(scanned, tokens, mask))[valid],
+                             np.asarray(_forward(model, tokens, mask))[valid], atol=1e-5)
+  grad = nnx.jit(nnx.grad(_loss))
+  expected = nnx.to_flat_state(grad(model, tokens, mask))
+  got = nnx.to_flat_state(transformer.unstack_layer_params(grad(scanned, tokens, mask)))
+  assert [p for p, _ in got] == [p for p, _ in expected]
+  for (path, a), (_, b) in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(a.get_value()), np.asarray(b.get_value()),
+                               atol=1e-6, rtol=1e-5, err_msg=str(path))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_policies_keep_values_and_gradients(policy, scan_layers):
+  base = _family_3_layers("smollm3", scan_layers=scan_layers)
+  rematted = nnx.merge(nnx.split(CausalLM(base.config.replace(remat_policy=policy),
+                                          rngs=nnx.Rngs(0)))[0], nnx.state(base))
+  tokens, mask = _left_padded_batch(np.random.RandomState(7))
+  value_and_grad = nnx.jit(nnx.value_and_grad(_loss))
+  loss, grads = value_and_grad(base, tokens, mask)
+  remat_loss, remat_grads = value_and_grad(rematted, tokens, mask)
+  np.testing.assert_allclose(float(remat_loss), float(loss), rtol=1e-6)
+  chex.assert_trees_all_close(remat_grads, grads, atol=1e-6, rtol=1e-6)
+  # The policy is really applied: the backward pass holds a checkpoint.
+  jaxpr = str(jax.make_jaxpr(lambda m: nnx.grad(_loss)(m, tokens, mask))(rematted))
+  assert "checkpoint" in jaxpr or "remat" in jaxpr
+
+
+def test_remat_policy_names():
+  assert transformer.remat_policy("full") is None  # jax.checkpoint's default: save nothing
+  assert (transformer.remat_policy("dots")
+          is jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  with pytest.raises(ValueError, match="remat_policy='none'"):
+    transformer.remat_policy("none")
+
+
+@pytest.mark.parametrize("family", SCAN_FAMILIES)
+def test_scanned_cache_decode_matches_unrolled(family):
+  """Prefill + decode with stacked caches, n = 1 and a shared prefix (n > 1, cascade)."""
+  model = _family_3_layers(family)
+  scanned = _scanned_twin(model)
+  tokens, mask = _left_padded_batch(np.random.RandomState(8), length=6)
+  positions = default_positions(mask)
+  n = 2
+
+  def run(model):
+    @jax.jit
+    def go(state):
+      m = nnx.merge(graphdef, state)
+      logits, cache = m(tokens, positions=positions, attention_mask=mask,
+                        cache=m.init_cache(tokens.shape[0], 6 + 3))
+      outs = [logits[:, -1]]
+      rows = m.init_cache(tokens.shape[0] * n, 3)
+      shared = rows.replace(prefix_k=cache.k, prefix_v=cache.v, prefix_mask=cache.mask)
+      nxt = jnp.argmax(logits[:, -1], -1)[:, None]
+      pos = positions[:, -1:] + 1
+      for _ in range(3):  # n = 1 rows and the n = 2 groups decode the same tokens
+        logits, cache = m(nxt, positions=pos, cache=cache)
+        group_logits, shared = m(jnp.repeat(nxt, n, 0), positions=jnp.repeat(pos, n, 0),
+                                 cache=shared)
+        outs += [logits[:, 0], group_logits[::n, 0], group_logits[1::n, 0]]
+        nxt, pos = jnp.argmax(logits[:, 0], -1)[:, None], pos + 1
+      return jnp.stack(outs), cache, shared
+
+    graphdef, state = nnx.split(model)
+    return go(state)
+
+  want, want_cache, want_shared = run(model)
+  got, cache, shared = run(scanned)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+  L, c = 3, model.config
+  assert cache.stacked and not want_cache.stacked
+  assert cache.k.shape == (L, 3, c.num_kv_heads, c.head_dim, 9)
+  assert shared.prefix_v.shape == (L, 3, c.num_kv_heads, 9, c.head_dim)
+  assert shared.v.shape == (L, 3 * n, c.num_kv_heads, 3, c.head_dim)
+  np.testing.assert_allclose(np.asarray(cache.k), np.stack(want_cache.k), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(shared.v), np.stack(want_shared.v), atol=1e-5)
+  assert cache.k_axes == ("layers",) + transformer.KVCache.K_AXES
+  assert want_cache.v_axes == transformer.KVCache.V_AXES
+
+
+def _program_size(config, scan_layers: bool) -> int:
+  """Characters of the lowered (StableHLO) forward + backward of `config`."""
+  config = config.replace(scan_layers=scan_layers)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
+  tokens = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+
+  def loss(state, tokens):
+    return nnx.merge(graphdef, state)(tokens).sum()
+
+  return len(jax.jit(jax.grad(loss)).lower(state, tokens).as_text())
+
+
+def test_scanned_program_does_not_grow_with_depth():
+  config = get_model_config("tiny", **FAMILY_OVERRIDES["smollm3"], remat_policy="full")
+  shallow, deep = config.replace(num_layers=2), config.replace(num_layers=8, nope_layers=(1, 5))
+  scanned = _program_size(shallow, True), _program_size(deep, True)
+  unrolled = _program_size(shallow, False), _program_size(deep, False)
+  assert scanned[1] < 1.05 * scanned[0], scanned
+  assert unrolled[1] > 2.5 * unrolled[0], unrolled
+
+
+def test_sharded_scanned_model_with_fsdp_rules():
+  """Stacked parameters sharded by their logical axes (layers unsplit, embed over fsdp)."""
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  rules = parallel.DEFAULT_RULES  # the "fsdp_tensor" training table
+  model = _family_3_layers("qwen3")
+  scanned = _scanned_twin(model)
+  tokens, mask = _left_padded_batch(np.random.RandomState(9), batch=4)
+  expected = _forward(model, tokens, mask)
+  expected_grads = nnx.jit(nnx.grad(_loss))(model, tokens, mask)
+  graphdef, state = nnx.split(scanned)
+  state = jax.device_put(state, parallel.state_shardings(state, mesh, rules))
+  spec = state["layers"]["attn"]["q_proj"].get_value().sharding.spec
+  assert spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+
+  @jax.jit
+  def forward_and_grad(state, tokens, mask):
+    with parallel.axis_rules(mesh, rules):
+      logits = nnx.merge(graphdef, state)(tokens, attention_mask=mask)
+      grads = jax.grad(lambda s: _loss(nnx.merge(graphdef, s), tokens, mask))(state)
+      return logits, grads
+
+  logits, grads = forward_and_grad(state, tokens, mask)
+  assert logits.sharding.spec[0] == ("data", "fsdp")
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), atol=1e-5)
+  chex.assert_trees_all_close(transformer.unstack_layer_params(grads),
+                              nnx.state(expected_grads), atol=1e-6, rtol=1e-5)
+
+
+def test_presets_scan_their_layers_except_tiny_and_small():
+  for name in MODEL_PRESETS:
+    assert get_model_config(name).scan_layers == (name not in ("tiny", "small")), name
+  config = get_model_config("qwen3_0p6b", scan_layers=False, remat_policy="dots")
+  assert not config.scan_layers and config.remat_policy == "dots"
+  assert get_model_config("tiny", scan_layers=True).scan_layers

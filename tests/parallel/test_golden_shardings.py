@@ -23,30 +23,36 @@ from jaxrl_post.parallel.axes import state_shardings
 GOLDEN_DIR = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("JAXRL_POST_UPDATE_GOLDEN", "") not in ("", "0")
 
-# (preset, ici sizes, rule table): the trainer layouts of an 8B model on one
-# 8-chip host, its sampler layout, and two smaller presets with tied
-# embeddings / q-k-v biases / 2 kv heads (which 4 tensor shards cannot split).
+# (preset, ici sizes, rule table, scan_layers): the trainer layouts of an 8B
+# model on one 8-chip host, its sampler layout, and two smaller presets with
+# tied embeddings / q-k-v biases / 2 kv heads (which 4 tensor shards cannot
+# split), with unrolled layers (one entry per layer); and the same 8B layouts
+# with the presets' default scanned layers (one `[layers, ...]` entry per weight).
 CASES = [
-  ("qwen3_8b", dict(fsdp=8), "fsdp_tensor"),
-  ("qwen3_8b", dict(fsdp=2, tensor=4), "fsdp_tensor"),
-  ("qwen3_8b", dict(data=2, tensor=4), "tensor"),
-  ("llama3p2_1b", dict(fsdp=4, tensor=2), "fsdp_tensor"),
-  ("qwen2p5_1p5b", dict(fsdp=2, tensor=4), "fsdp_tensor"),
+  ("qwen3_8b", dict(fsdp=8), "fsdp_tensor", False),
+  ("qwen3_8b", dict(fsdp=2, tensor=4), "fsdp_tensor", False),
+  ("qwen3_8b", dict(data=2, tensor=4), "tensor", False),
+  ("llama3p2_1b", dict(fsdp=4, tensor=2), "fsdp_tensor", False),
+  ("qwen2p5_1p5b", dict(fsdp=2, tensor=4), "fsdp_tensor", False),
+  ("qwen3_8b", dict(fsdp=8), "fsdp_tensor", True),
+  ("qwen3_8b", dict(data=2, tensor=4), "tensor", True),
+  ("smollm3_3b", dict(fsdp=4, tensor=2), "fsdp_tensor", True),
 ]
 
 
-def _case_name(preset, ici, rules):
+def _case_name(preset, ici, rules, scan_layers):
   mesh = "_".join(f"{axis}{size}" for axis, size in ici.items())
-  return f"{preset}__{mesh}__{rules}"
+  return f"{preset}__{mesh}__{rules}" + ("__scanned" if scan_layers else "")
 
 
-def sharding_dump(preset: str, ici: dict, rules: str) -> str:
+def sharding_dump(preset: str, ici: dict, rules: str, scan_layers: bool) -> str:
   """One line per parameter: `path  shape  spec`, after a header naming the case."""
-  config = get_model_config(preset)
+  config = get_model_config(preset, scan_layers=scan_layers)
   mesh = mesh_lib.make_mesh(mesh_lib.mesh_config(ici=ici))
   _, abstract = mesh_lib.abstract_module(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
   shardings = state_shardings(abstract, mesh, mesh_lib.get_rules(rules))
-  lines = [f"# {preset} on mesh {dict(mesh.shape)} with rules {rules!r}"]
+  lines = [f"# {preset} on mesh {dict(mesh.shape)} with rules {rules!r}"
+           + (" and scanned layers" if scan_layers else "")]
   for (path, variable), (_, sharding) in zip(nnx.to_flat_state(abstract),
                                             nnx.to_flat_state(shardings)):
     name = ".".join(str(p) for p in path)
@@ -55,10 +61,11 @@ def sharding_dump(preset: str, ici: dict, rules: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("preset, ici, rules", CASES, ids=[_case_name(*c) for c in CASES])
-def test_sharding_matches_golden(preset, ici, rules):
-  path = GOLDEN_DIR / f"{_case_name(preset, ici, rules)}.txt"
-  dump = sharding_dump(preset, ici, rules)
+@pytest.mark.parametrize("preset, ici, rules, scan_layers", CASES,
+                         ids=[_case_name(*c) for c in CASES])
+def test_sharding_matches_golden(preset, ici, rules, scan_layers):
+  path = GOLDEN_DIR / f"{_case_name(preset, ici, rules, scan_layers)}.txt"
+  dump = sharding_dump(preset, ici, rules, scan_layers)
   if UPDATE:
     GOLDEN_DIR.mkdir(exist_ok=True)
     path.write_text(dump)

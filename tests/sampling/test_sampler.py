@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_post import parallel
-from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.models import CausalLM, get_model_config, stack_layer_params
 from jaxrl_post.parallel import host
 from jaxrl_post.parallel.mesh import REPLICATED_RULES, data_parallel_axes
 from jaxrl_post.sampling import (
@@ -443,3 +443,63 @@ def test_phased_decode_matches_one_phase_and_score(model, monkeypatch):
   scored = kernels.score_model(model, jnp.repeat(tokens, 3, 0), jnp.repeat(mask, 3, 0),
                                phased.tokens, phased.mask, temperature=1.3)
   np.testing.assert_allclose(np.asarray(phased.logp)[m], np.asarray(scored.logp)[m], atol=1e-5)
+
+
+# ---- Layers under scan: stacked parameters and a stacked KV cache ----
+
+
+@pytest.fixture(scope="module")
+def scanned_model(model):
+  """`model`'s weights in a `scan_layers=True` model (one block, `[layers, ...]` params)."""
+  config = model.config.replace(scan_layers=True)
+  graphdef = nnx.split(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))[0]
+  return nnx.merge(graphdef, stack_layer_params(nnx.state(model)))
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_scanned_sampler_matches_unrolled(model, scanned_model, n):
+  # 40 new tokens: two decode phases, so the stacked cache is also cut and padded;
+  # n = 3 decodes over a shared prompt prefix (cascade attention).
+  kw = dict(n_samples_per_prompt=n, max_new_tokens=40, rng=jax.random.key(8))
+  for extra in (dict(greedy=True), dict(temperature=0.9, num_logprobs=3)):
+    want = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(None, PROMPTS, **kw, **extra)
+    got = Sampler(scanned_model, max_prompt_len=32, eos_ids=[]).generate(None, PROMPTS, **kw,
+                                                                         **extra)
+    np.testing.assert_array_equal(np.asarray(got.completion_tokens),
+                                  np.asarray(want.completion_tokens))
+    np.testing.assert_allclose(np.asarray(got.logp), np.asarray(want.logp), atol=1e-5)
+
+
+def test_scanned_model_prefills_stacked_caches(scanned_model):
+  graphdef, state = nnx.split(scanned_model)
+  tokens = jnp.asarray([[0, 3, 4], [5, 6, 7]], jnp.int32)
+  c, layers = scanned_model.config, scanned_model.config.num_layers
+  shared = kernels.prefill(graphdef, state, tokens, tokens > 0, cache_len=3 + 10, num_samples=4)
+  assert shared.cache.stacked
+  assert shared.cache.prefix_k.shape == (layers, 2, c.num_kv_heads, c.head_dim, 3)
+  assert shared.cache.prefix_v.shape == (layers, 2, c.num_kv_heads, 3, c.head_dim)
+  assert shared.cache.k.shape == (layers, 8, c.num_kv_heads, c.head_dim, 10)
+  cut = kernels.resize_cache(shared.cache, 5)
+  assert cut.k.shape[-1] == 5 and cut.v.shape[-2] == 5 and cut.prefix_k.shape[-1] == 3
+  grown = kernels.resize_cache(cut, 11)
+  assert grown.k.shape[-1] == 11 and grown.v.shape[-2] == 11 and grown.mask.shape == (8, 11)
+  np.testing.assert_array_equal(np.asarray(grown.v[:, :, :, 5:]), 0.0)
+
+
+@pytest.mark.parametrize("rules", ["fsdp_tensor", "replicated"])
+def test_sharded_scanned_sampler_gives_the_same_rollout(model, scanned_model, rules):
+  # fsdp_tensor: stacked parameters split over fsdp × tensor, one global loop;
+  # replicated: pure data parallelism, one decode loop per device (shard_map),
+  # whose stacked cache buffers are split along their row axis (axis 1).
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  table = parallel.mesh.get_rules(rules)
+  state = nnx.state(scanned_model)
+  state = jax.device_put(state, parallel.state_shardings(state, mesh, table))
+  prompts = PROMPTS + [[2, 2], [5, 6, 7], [1, 2], [9], [4, 4, 4]]
+  kw = dict(n_samples_per_prompt=2, max_new_tokens=20, temperature=0.8, rng=jax.random.key(6))
+  reference = Sampler(model, max_prompt_len=32, eos_ids=[]).generate(None, prompts, **kw)
+  rollout = Sampler(scanned_model, max_prompt_len=32, eos_ids=[], mesh=mesh,
+                    rules=table).generate(state, prompts, **kw)
+  np.testing.assert_array_equal(np.asarray(rollout.completion_tokens),
+                                np.asarray(reference.completion_tokens))
+  np.testing.assert_allclose(np.asarray(rollout.logp), np.asarray(reference.logp), atol=1e-5)
