@@ -212,8 +212,8 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
   read 28 % fewer slots than attending over all 192 every step. Between phases the
   cache is padded (one copy); the last phase ends at the full length, so the
   returned cache has the input's shape. A stacked cache (`scan_layers`)
-  goes through the layer scan each step, its `[layers, ...]` buffers as the
-  scan's xs and ys, so one layer's program serves all (the per-layer buffers of
+  goes through the layer scan each step, its `[layers, ...]` buffers in the
+  scan's carry, so one layer's program serves all (the per-layer buffers of
   unrolled layers decode faster on CPU, DESIGN §5).
 
   Args:
