@@ -103,7 +103,9 @@ def main(argv):
   # on the trainer's mesh in the trainer's layout.
   initial = run_setup.start_point(config, workdir, ignore_workdir=True)
   state, extra = run_setup.restore(initial, checkpointer, state)
-  reference_params = jax.tree.map(jnp.copy, state.params)
+  # Without a KL term (beta = 0, the default) no reference is kept: a frozen
+  # copy would cost a whole model of device memory for nothing.
+  reference_params = jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None
   if start.kind == "workdir":
     state, extra = run_setup.restore(start, checkpointer, state)
   data_iter = iter(loader)
@@ -184,13 +186,15 @@ def main(argv):
         completion_tokens=rollout.completion_tokens, completion_mask=rollout.completion_mask,
         adv=adv)), config.trim_completions_to)
       inputs = put_batch(batch_inputs(batch), train_mesh, train_rules)
-      old = scorer.score(state.params, **inputs, temperature=config.temperature)
+      old = scorer.score(state.params, **inputs, temperature=config.temperature,
+                         num_micro_batches=config.score_micro_batches)
       batch["old_logp"] = multihost.to_host(old.logp)
       timings["time/score"] = time.perf_counter() - tic
       if config.loss.beta > 0:
         tic = time.perf_counter()
         batch["ref_logp"] = multihost.to_host(scorer.score(
-          reference_params, **inputs, temperature=config.temperature).logp)
+          reference_params, **inputs, temperature=config.temperature,
+          num_micro_batches=config.score_micro_batches).logp)
         timings["time/reference"] = time.perf_counter() - tic
       tic = time.perf_counter()
       # PPO: `ppo_epochs` passes over the rollouts, each in `ppo_mini_batches`

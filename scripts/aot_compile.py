@@ -73,7 +73,9 @@ _SCAN_LAYERS = flags.DEFINE_boolean(
   "scan_layers", None, "Layers under scan (--scan_layers / --noscan_layers; default: preset's).")
 _REMAT = flags.DEFINE_string(
   "remat_policy", "", "Layer rematerialisation: none, full or dots (default: the preset's).")
-_SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, decode_step.")
+_SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, prefill, decode_step.")
+_CHUNK = flags.DEFINE_integer(
+  "logit_chunk_size", -1, "Completion positions per logit chunk (-1: the preset's; 0: one chunk).")
 
 
 def _sizes(text: str) -> dict[str, int]:
@@ -205,6 +207,26 @@ def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> 
               **_memory(compiled), batch=b, cache_len=cache_len)
 
 
+def prefill_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
+  """Lowers and compiles the sampler's prefill: `--sample_batch` prompts of `--prompt_len`
+  tokens into a cache of prompt + `--max_new_tokens` slots, one sample per prompt."""
+  shardings = state_shardings(abstract_params, mesh, rules)
+  params = _abstract(abstract_params, shardings)
+  b, p = _SAMPLE_BATCH.value, _PROMPT_LEN.value
+  tokens = _batch_struct(mesh, rules, (b, p), jnp.int32)
+  mask = _batch_struct(mesh, rules, (b, p), jnp.bool_)
+
+  @jax.jit
+  def prefill(params, tokens, mask):
+    with axis_rules(mesh, rules):
+      return kernels.prefill(graphdef, params, tokens, mask, cache_len=p + _MAX_NEW.value,
+                             num_samples=1)
+
+  compiled, times = _compile(prefill, params, tokens, mask)
+  return dict(what="prefill", **times, params_bytes=_bytes_per_device(abstract_params, shardings),
+              **_memory(compiled), batch=b, prompt_len=p)
+
+
 def _peak_rss_bytes() -> int:
   """This process's peak resident memory: proof that no model-sized buffer was allocated.
 
@@ -234,6 +256,8 @@ def main(argv):
     overrides["param_dtype"] = _PARAM_DTYPE.value
   if _DTYPE.value:
     overrides["dtype"] = _DTYPE.value
+  if _CHUNK.value >= 0:
+    overrides["logit_chunk_size"] = _CHUNK.value
   if _SCAN_LAYERS.value is not None:
     overrides["scan_layers"] = _SCAN_LAYERS.value
   if _REMAT.value:
@@ -257,6 +281,11 @@ def main(argv):
     rules = mesh_lib.get_rules(_TRAIN_RULES.value, key="--train_rules")
     report = train_step_report(model_config, graphdef, abstract_params, train_mesh, rules)
     print(json.dumps(dict(report, mesh=dict(train_mesh.shape), rules=_TRAIN_RULES.value,
+                          peak_rss_bytes=_peak_rss_bytes(), **common)), flush=True)
+  if "prefill" not in _SKIP.value:
+    rules = mesh_lib.get_rules(_SAMPLE_RULES.value, key="--sample_rules")
+    report = prefill_report(model_config, graphdef, abstract_params, sample_mesh, rules)
+    print(json.dumps(dict(report, mesh=dict(sample_mesh.shape), rules=_SAMPLE_RULES.value,
                           peak_rss_bytes=_peak_rss_bytes(), **common)), flush=True)
   if "decode_step" not in _SKIP.value:
     rules = mesh_lib.get_rules(_SAMPLE_RULES.value, key="--sample_rules")

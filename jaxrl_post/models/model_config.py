@@ -84,6 +84,11 @@ class ModelConfig:
     attention_impl: "xla" (`jax.nn.dot_product_attention`, XLA kernel),
       "cudnn" (the same call forced onto cuDNN flash attention, GPU only) or
       "plain" (explicit grouped matmuls + softmax; the reference path).
+    logit_chunk_size: completion positions per chunk when scoring (log-probs,
+      entropy, top-K; `sampling.scoring`): each chunk's logits exist only
+      while it is processed and are recomputed in the backward pass. 0 scores
+      the whole completion as one chunk. Peak logit memory per device is
+      about 3 × rows × chunk × vocab × 4 bytes.
     scan_layers: run the decoder layers under one `jax.lax.scan` with
       parameters stacked on a leading `layers` axis (and a stacked KV cache),
       so compile time does not grow with depth; False keeps one Python-unrolled
@@ -120,6 +125,7 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   attention_impl: str = "xla"
+  logit_chunk_size: int = 0
   scan_layers: bool = False
   remat_policy: str = "none"
   bos_token_id: int | None = None
@@ -158,6 +164,8 @@ class ModelConfig:
     bad = [i for i in self.nope_layers if not 0 <= i < self.num_layers]
     if bad:
       raise ValueError(f"nope_layers {bad} are outside [0, num_layers={self.num_layers})")
+    if self.logit_chunk_size < 0:
+      raise ValueError(f"logit_chunk_size={self.logit_chunk_size} must be >= 0 (0: one chunk)")
     for name in ("param_dtype", "dtype"):
       if not jnp.issubdtype(getattr(self, name), jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")

@@ -9,7 +9,7 @@ writes a rationale and `<answer>score</answer>`. This is the same architecture i
   prompt row = concat([proj(encoder(views)), lm.embed_tokens(text)])     [b, T_v + T_t, embed]
 
 The row goes to `CausalLM(..., embeddings=row)`; `kernels.prefill(..., embeddings=row)` and
-`kernels.score_model(lm, ..., prompt_embeddings=row)` sample and score it, and gradients of the
+`scoring.score_model(lm, ..., prompt_embeddings=row)` sample and score it, and gradients of the
 scores flow back through `proj` into the encoder.
 
 `PointCloudLM.regress` is the absolute-regression baseline on the same trunk: the final hidden

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_post.models.dense import dense
 from jaxrl_post.models.model_config import ModelConfig, rope_inverse_frequencies
 from jaxrl_post.parallel import axes
 from jaxrl_post.parallel.axes import constrain
@@ -380,7 +381,7 @@ class MLP(nnx.Module):
 
   @staticmethod
   def _dense(x, kernel, bias):
-    y = x @ kernel[...].astype(x.dtype)
+    y = dense(x, kernel[...].astype(x.dtype))
     return y if bias is None else y + bias[...].astype(x.dtype)
 
   def __call__(self, x):
@@ -684,7 +685,8 @@ class CausalLM(nnx.Module):
 
   def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-               return_hidden: bool = False, embeddings: jax.Array | None = None):
+               return_hidden: bool = False, embeddings: jax.Array | None = None,
+               return_logits: bool = True):
     """Runs the LM.
 
     Args:
@@ -695,6 +697,8 @@ class CausalLM(nnx.Module):
       cache: if given, the new keys/values are written at `cache.index` and the
         queries attend to everything the cache holds.
       return_hidden: also return the final normalised hidden states.
+      return_logits: False skips the LM head and returns only the hidden
+        states (`sampling.scoring` projects the positions it needs, in chunks).
       embeddings: optional `[batch, time, embed]` inputs used instead of the
         token-embedding lookup (`tokens` then only gives the shape). This is how
         multimodal models feed encoder outputs (image patches, point-cloud
@@ -704,7 +708,8 @@ class CausalLM(nnx.Module):
     Returns:
       `float32[batch, time, vocab]` logits; with a cache, `(logits, new_cache)`;
       with `return_hidden`, the hidden states `[batch, time, embed]` are
-      appended to the returned tuple.
+      appended to the returned tuple; with `return_logits=False`, only the
+      hidden states.
     """
     c = self.config
     b, t = tokens.shape
@@ -741,18 +746,28 @@ class CausalLM(nnx.Module):
     x, new_k, new_v = run(x, sin=sin, cos=cos, mask=mask, cache=cache)
 
     hidden = self.final_norm(x)
-    if self.lm_head is None:
-      logits = jnp.einsum("btd,vd->btv", hidden, self.embed[...].astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
-    else:
-      logits = jnp.einsum("btd,dv->btv", hidden, self.lm_head[...].astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
-    logits = constrain(logits.astype(jnp.float32), (axes.BATCH, axes.LENGTH, axes.VOCAB))
-
-    outputs = (logits,)
+    if not return_logits:
+      if cache is not None:
+        raise ValueError("return_logits=False is for teacher-forced scoring, not cached decoding")
+      return hidden
+    outputs = (self.output_logits(hidden),)
     if cache is not None:
       outputs += (cache.replace(k=new_k, v=new_v, mask=kv_mask,
                                 index=cache.index + t),)
     if return_hidden:
       outputs += (hidden,)
     return outputs[0] if len(outputs) == 1 else outputs
+
+  def output_logits(self, hidden: jax.Array) -> jax.Array:
+    """The LM head: `[batch, time, embed]` final hidden states -> `float32[batch, time, vocab]`.
+
+    The tied head multiplies by the input embedding `[vocab, embed]`; products
+    accumulate in float32 whatever the compute dtype.
+    """
+    if self.lm_head is None:
+      logits = jnp.einsum("btd,vd->btv", hidden, self.embed[...].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("btd,dv->btv", hidden, self.lm_head[...].astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)
+    return constrain(logits.astype(jnp.float32), (axes.BATCH, axes.LENGTH, axes.VOCAB))

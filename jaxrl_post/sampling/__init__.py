@@ -1,12 +1,6 @@
 """Generation for RL: a Python `Sampler` around pure jitted prefill / decode kernels."""
 
-from jaxrl_post.sampling.kernels import (
-  ScoreOutput,
-  filter_logits,
-  score,
-  score_logits,
-  score_model,
-)
+from jaxrl_post.sampling.kernels import filter_logits
 from jaxrl_post.sampling.rollout import (
   FINISH_EOS,
   FINISH_LENGTH,
@@ -15,6 +9,13 @@ from jaxrl_post.sampling.rollout import (
   Rollout,
 )
 from jaxrl_post.sampling.sampler import Sampler, rollout_metrics
+from jaxrl_post.sampling.scoring import (
+  ScoreOutput,
+  score,
+  score_hidden,
+  score_logits,
+  score_model,
+)
 
 __all__ = [
   "FINISH_EOS",
@@ -27,6 +28,7 @@ __all__ = [
   "filter_logits",
   "rollout_metrics",
   "score",
+  "score_hidden",
   "score_logits",
   "score_model",
 ]

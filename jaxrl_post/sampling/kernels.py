@@ -5,12 +5,13 @@ are usable on their own with any `CausalLM` graphdef + state:
 
   prefill(graphdef, state, tokens, mask, cache_len, n) -> PrefillOutput
   decode(graphdef, state, prefill_output, rng, ...)    -> DecodeOutput
-  score(graphdef, state, prompt, prompt_mask, completion, completion_mask)
+
+Teacher-forced scoring (`score`, `score_model`) is in `scoring.py`.
 
 Log-probabilities everywhere are `log_softmax(logits / temperature)` over the
 full vocabulary. Top-k / top-p change which tokens can be *drawn*, not the
 recorded log-probs: the recorded value is what the trainer recomputes with
-`score` at the same temperature, so sampler and trainer agree exactly; the
+`scoring.score` at the same temperature, so sampler and trainer agree exactly; the
 truncation is a (small, usually ignored) bias of the behaviour policy, the
 convention of Tunix, vLLM and TRL.
 """
@@ -286,82 +287,3 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
   steps, carry, _, cache = loop
   tokens, mask, logp, topk_ids, topk_logp, _, finish = carry
   return DecodeOutput(tokens, mask, logp, finish, topk_ids, topk_logp, steps, cache)
-
-
-class ScoreOutput(NamedTuple):
-  logp: jax.Array  # float32[batch, time], 0 where the completion mask is False
-  entropy: jax.Array  # float32[batch, time], full-vocabulary entropy
-  topk_ids: jax.Array | None  # int32[batch, time, K]
-  topk_logp: jax.Array | None  # float32[batch, time, K]
-  # float32[batch, time, C]: log-probs of caller-given candidate ids (e.g. a
-  # teacher scoring the student's top-K), 0 where the completion mask is False.
-  candidate_logp: jax.Array | None = None
-
-
-def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mask: jax.Array, *,
-                 temperature=1.0, top_k: int = 0,
-                 candidate_ids: jax.Array | None = None) -> ScoreOutput:
-  """Log-probs, entropies and top-K of completions from the logits predicting them.
-
-  Args:
-    logits: `[batch, time, vocab]`, where `logits[:, t]` predicts
-      `completion_tokens[:, t]`.
-    candidate_ids: optional int32 `[batch, time, C]`; their full-vocabulary
-      log-probs are returned as `candidate_logp` (multi-teacher distillation
-      scores the student's top-K ids under each teacher this way).
-  """
-  logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-  logp = jnp.take_along_axis(logp_all, completion_tokens[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-  logp = jnp.where(completion_mask, logp, 0.0)
-  entropy = jnp.where(completion_mask, entropy, 0.0)
-  topk_ids = topk_logp = None
-  if top_k:
-    topk_logp, topk_ids = jax.lax.top_k(logp_all, top_k)
-    topk_ids = topk_ids.astype(jnp.int32)
-  candidate_logp = None
-  if candidate_ids is not None:
-    candidate_logp = jnp.take_along_axis(logp_all, candidate_ids, axis=-1)
-    candidate_logp = jnp.where(completion_mask[..., None], candidate_logp, 0.0)
-  return ScoreOutput(logp, entropy, topk_ids, topk_logp, candidate_logp)
-
-
-def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-                temperature=1.0, top_k: int = 0, candidate_ids: jax.Array | None = None,
-                prompt_embeddings: jax.Array | None = None) -> ScoreOutput:
-  """Teacher-forced log-probs of given completions: one forward over prompt + completion.
-
-  The trainer (current and old policy), the reference model and teachers all
-  use this function, so every log-prob in the system is computed one way.
-
-  Args:
-    model: a `CausalLM` (inside a loss, the model being differentiated).
-    prompt_tokens, prompt_mask: `[batch, prompt_len]`, left-padded.
-    completion_tokens, completion_mask: `[batch, time]`, right-padded.
-    temperature: divides the logits (use the sampling temperature).
-    top_k: also return the K most likely ids and log-probs per position.
-    candidate_ids: optional `[batch, time, C]` ids whose log-probs to return.
-    prompt_embeddings: optional `[batch, prompt_len, embed]` prompt inputs
-      (multimodal prompts), as in `prefill`; gradients flow into them, so an
-      encoder that produced them is trained through this function.
-  """
-  prompt_len = prompt_tokens.shape[1]
-  tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
-  mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(jnp.bool_)
-  embeddings = None
-  if prompt_embeddings is not None:
-    text = model.embed_tokens(completion_tokens)
-    embeddings = jnp.concatenate([prompt_embeddings.astype(text.dtype), text], axis=1)
-  logits = model(tokens, attention_mask=mask, embeddings=embeddings)
-  # Position prompt_len - 1 + t predicts completion token t.
-  logits = logits[:, prompt_len - 1:-1]
-  return score_logits(logits, completion_tokens, completion_mask, temperature=temperature,
-                      top_k=top_k, candidate_ids=candidate_ids)
-
-
-def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-          temperature=1.0, top_k: int = 0, candidate_ids: jax.Array | None = None) -> ScoreOutput:
-  """`score_model` for a split model (`graphdef`, `state`)."""
-  return score_model(nnx.merge(graphdef, state), prompt_tokens, prompt_mask, completion_tokens,
-                     completion_mask, temperature=temperature, top_k=top_k,
-                     candidate_ids=candidate_ids)

@@ -27,7 +27,7 @@ from jaxrl_post.models.transformer import CausalLM
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
 from jaxrl_post.parallel.mesh import data_parallel_axes, put_batch
 from jaxrl_post.parallel.multihost import to_host
-from jaxrl_post.sampling import kernels
+from jaxrl_post.sampling import kernels, scoring
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
 
 _MAX_END_IDS = 8  # eos / stop ids are padded to this many, so changing them never recompiles
@@ -198,16 +198,19 @@ class Sampler:
       topk_logp=None if out.topk_logp is None else out.topk_logp[:rows])
 
   def score(self, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
-            temperature: float = 1.0, top_k: int = 0,
-            candidate_ids: jax.Array | None = None) -> kernels.ScoreOutput:
-    """Per-token log-probs (and entropy, top-K) of given completions; see `kernels.score`.
+            temperature: float = 1.0, top_k: int = 0, candidate_ids: jax.Array | None = None,
+            num_micro_batches: int = 1) -> scoring.ScoreOutput:
+    """Per-token log-probs (and entropy, top-K) of given completions; see `scoring.score`.
 
     `candidate_ids` `[batch, time, C]`: also the log-probs of these ids
     (`candidate_logp`), e.g. a teacher scoring the student's top-K.
+    `num_micro_batches`: rows are scored in this many micro-batches inside
+    one compiled call, so the pass's memory is one micro-batch's.
     """
     state = self._default_state if state is None else state
     return _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
-                  jnp.float32(temperature), candidate_ids, top_k=top_k, **self._static)
+                  jnp.float32(temperature), candidate_ids, top_k=top_k,
+                  num_micro_batches=int(num_micro_batches), **self._static)
 
   def decode_text(self, rollout: Rollout) -> list[str]:
     """Completion texts (needs a tokenizer); masked positions are dropped."""
@@ -283,13 +286,14 @@ def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature
                        out_specs=out_specs, check_vma=False)(cache, logits, positions, *shared)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k",
+                                             "num_micro_batches"))
 def _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, temperature,
-           candidate_ids, *, graphdef, mesh, rules, top_k):
+           candidate_ids, *, graphdef, mesh, rules, top_k, num_micro_batches):
   with _context(mesh, rules):
-    return kernels.score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens,
+    return scoring.score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens,
                          completion_mask, temperature=temperature, top_k=top_k,
-                         candidate_ids=candidate_ids)
+                         candidate_ids=candidate_ids, num_micro_batches=num_micro_batches)
 
 
 def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> dict[str, float]:

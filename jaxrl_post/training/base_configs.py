@@ -105,6 +105,9 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   # A verifier call that runs longer than this counts as a missing reward.
   config.reward_timeout_s = 10.0
   config.num_micro_batches = 2
+  # The frozen passes (old policy, reference) score the step's rollouts in this
+  # many micro-batches, so their memory is one micro-batch's, not the step's.
+  config.score_micro_batches = 1
   config.advantage = "grpo"
   config.advantage_eps = 1e-6
   config.reward_weights = dict(correct=1.0, format=0.1)

@@ -22,7 +22,7 @@ binary (`experiments/pcqa.py`):
   seen quality labels; the "no cold start" RL variants start from it.
 * Jitted functions built once per process from the model's graphdef (`Kernels`): sampling K
   rollouts from the multimodal prompt (`kernels.prefill` with `embeddings=`, `kernels.decode` on
-  the LM), teacher-forced scoring (`kernels.score_model` with `prompt_embeddings=`), and the
+  the LM), teacher-forced scoring (`scoring.score_model` with `prompt_embeddings=`), and the
   losses for `train_state.make_train_step`: SFT NLL, GRPO (`losses.policy_loss`, token level,
   ε = 0.2, β = 0.04, k3 KL to the reference policy) and the MSE of the regression baseline.
 * `rollout_rewards` (parse → `total_reward` → group advantages) and `evaluate_lm` /
@@ -46,7 +46,7 @@ from jaxrl_post import losses
 from jaxrl_post.advantages import group_advantages
 from jaxrl_post.rewards import quality_metrics as qm
 from jaxrl_post.rewards import ranking
-from jaxrl_post.sampling import kernels
+from jaxrl_post.sampling import kernels, scoring
 from jaxrl_post.tasks import point_clouds as pc
 
 PROMPT = "Rate quality 1-5:"
@@ -181,7 +181,7 @@ def _prompt_rows(text_tokens: jax.Array, batch: int) -> jax.Array:
 
 
 def score_rows(model, text_tokens: jax.Array, views: jax.Array, completion_tokens: jax.Array,
-               completion_mask: jax.Array, *, temperature: float = 1.0) -> kernels.ScoreOutput:
+               completion_mask: jax.Array, *, temperature: float = 1.0) -> scoring.ScoreOutput:
   """Teacher-forced log-probs of completions after the multimodal prompt (differentiable).
 
   The prompt row is `model.prompt_embeddings(views, text)`; it has no padding (the text prompt
@@ -190,7 +190,7 @@ def score_rows(model, text_tokens: jax.Array, views: jax.Array, completion_token
   b = views.shape[0]
   row = model.prompt_embeddings(views, _prompt_rows(text_tokens, b))
   prompt_tokens = jnp.zeros(row.shape[:2], jnp.int32)
-  return kernels.score_model(model.lm, prompt_tokens, jnp.ones(row.shape[:2], jnp.bool_),
+  return scoring.score_model(model.lm, prompt_tokens, jnp.ones(row.shape[:2], jnp.bool_),
                              completion_tokens, completion_mask, temperature=temperature,
                              prompt_embeddings=row)
 

@@ -8,7 +8,7 @@ from flax import nnx
 
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.point_cloud import PointCloudLM, patchify
-from jaxrl_post.sampling import kernels
+from jaxrl_post.sampling import scoring
 
 GRID, PATCH, CHANNELS, VIEWS = 8, 4, 3, 2
 
@@ -64,7 +64,7 @@ def test_completion_logp_gradients_reach_the_encoder(model):
     m = nnx.merge(graphdef, params)
     row = m.prompt_embeddings(views, text)
     tokens = jnp.zeros(row.shape[:2], jnp.int32)
-    out = kernels.score_model(m.lm, tokens, jnp.ones(row.shape[:2], jnp.bool_), completion, mask,
+    out = scoring.score_model(m.lm, tokens, jnp.ones(row.shape[:2], jnp.bool_), completion, mask,
                               prompt_embeddings=row)
     return jnp.sum(out.logp)
 

@@ -22,6 +22,7 @@ from jaxrl_post.sampling import (
   filter_logits,
   kernels,
   rollout_metrics,
+  scoring,
 )
 from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
 from jaxrl_post.tokenizers import CharTokenizer
@@ -316,7 +317,7 @@ def test_prompt_embeddings_decode_and_score_agree(model):
 
   out = rollout(embeds)
   prompt_rows = lambda x: jnp.repeat(x, 2, axis=0)  # noqa: E731
-  scored = kernels.score_model(model, prompt_rows(tokens), prompt_rows(mask), out.tokens,
+  scored = scoring.score_model(model, prompt_rows(tokens), prompt_rows(mask), out.tokens,
                                out.mask, prompt_embeddings=prompt_rows(embeds))
   m = np.asarray(out.mask)
   np.testing.assert_allclose(np.asarray(out.logp)[m], np.asarray(scored.logp)[m], atol=1e-5)
@@ -440,7 +441,7 @@ def test_phased_decode_matches_one_phase_and_score(model, monkeypatch):
   # Some rows ended at eos, some ran to the length.
   assert set(np.asarray(phased.finish_reason).tolist()) == {FINISH_EOS, FINISH_LENGTH}
   m = np.asarray(phased.mask)
-  scored = kernels.score_model(model, jnp.repeat(tokens, 3, 0), jnp.repeat(mask, 3, 0),
+  scored = scoring.score_model(model, jnp.repeat(tokens, 3, 0), jnp.repeat(mask, 3, 0),
                                phased.tokens, phased.mask, temperature=1.3)
   np.testing.assert_allclose(np.asarray(phased.logp)[m], np.asarray(scored.logp)[m], atol=1e-5)
 
