@@ -6,9 +6,12 @@ The real sizes copy the public Hugging Face `config.json` of each checkpoint
 vocabulary) trains from scratch on 2 CPU cores.
 
 The real presets run their layers under `scan` (`scan_layers=True`): compile
-time then does not grow with depth. `tiny` and `small` keep the unrolled
-layers, whose per-layer cache buffers decode measurably faster on CPU
-(DESIGN §5); `get_model_config(name, scan_layers=...)` flips either.
+time then does not grow with depth. They also rematerialise each layer in the
+backward pass (`remat_policy="full"`) and score in logit chunks of 128
+positions (`logit_chunk_size`), so that an update at a real batch fits.
+`tiny` and `small` keep the unrolled layers, whose per-layer cache buffers
+decode measurably faster on CPU (DESIGN §5); `get_model_config(name,
+scan_layers=...)` flips either.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ _QWEN_VOCAB = 151_936
 
 def _preset(name):
   return MODEL_PRESETS.register(name)
+
+
+# Numerics of the real sizes (ModelConfig documents each): layers under scan,
+# each layer recomputed in the backward pass, and logits formed 128 completion
+# positions at a time (16 rows × 128 × 151,936 float32 logits = 1.2 GB per
+# tensor; the whole 768-token completion would be 7.5 GB).
+_REAL_SIZE = dict(scan_layers=True, remat_policy="full", logit_chunk_size=128)
 
 
 # `tiny` and `small` keep scan_layers=False (the default): the unrolled layers
@@ -46,7 +56,7 @@ def small() -> ModelConfig:
 def _qwen3(**kw) -> ModelConfig:
   base = dict(family="qwen3", vocab_size=_QWEN_VOCAB, num_kv_heads=8, head_dim=128,
               rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40_960,
-              qk_norm=True, bos_token_id=151_643, eos_token_ids=(151_645,), scan_layers=True)
+              qk_norm=True, bos_token_id=151_643, eos_token_ids=(151_645,), **_REAL_SIZE)
   return ModelConfig(**(base | kw))
 
 
@@ -77,7 +87,7 @@ def qwen2p5_1p5b() -> ModelConfig:
                      num_heads=12, num_kv_heads=2, head_dim=128, mlp_dim=8960, rms_norm_eps=1e-6,
                      rope_theta=1_000_000.0, max_position_embeddings=131_072,
                      tie_embeddings=True, qkv_bias=True, bos_token_id=151_643,
-                     eos_token_ids=(151_643,), scan_layers=True)
+                     eos_token_ids=(151_643,), **_REAL_SIZE)
 
 
 def _llama3_rope(factor: float) -> RopeScaling:
@@ -91,7 +101,7 @@ def llama3p2_1b() -> ModelConfig:
                      num_heads=32, num_kv_heads=8, head_dim=64, mlp_dim=8192, rms_norm_eps=1e-5,
                      rope_theta=500_000.0, rope_scaling=_llama3_rope(32.0),
                      max_position_embeddings=131_072, tie_embeddings=True,
-                     bos_token_id=128_000, eos_token_ids=(128_001,), scan_layers=True)
+                     bos_token_id=128_000, eos_token_ids=(128_001,), **_REAL_SIZE)
 
 
 @_preset("llama3p1_8b")
@@ -100,7 +110,7 @@ def llama3p1_8b() -> ModelConfig:
                      num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14_336,
                      rms_norm_eps=1e-5, rope_theta=500_000.0, rope_scaling=_llama3_rope(8.0),
                      max_position_embeddings=131_072, tie_embeddings=False,
-                     bos_token_id=128_000, eos_token_ids=(128_001,), scan_layers=True)
+                     bos_token_id=128_000, eos_token_ids=(128_001,), **_REAL_SIZE)
 
 
 @_preset("smollm3_3b")
@@ -112,7 +122,7 @@ def smollm3_3b() -> ModelConfig:
                      rms_norm_eps=1e-6, rope_theta=5_000_000.0, max_position_embeddings=65_536,
                      tie_embeddings=True, nope_layers=tuple(range(3, 36, 4)),
                      bos_token_id=128_000, eos_token_ids=(128_012,), pad_token_id=128_004,
-                     scan_layers=True)
+                     **_REAL_SIZE)
 
 
 def get_model_config(name: str, **overrides) -> ModelConfig:

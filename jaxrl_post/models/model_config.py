@@ -87,8 +87,9 @@ class ModelConfig:
     logit_chunk_size: completion positions per chunk when scoring (log-probs,
       entropy, top-K; `sampling.scoring`): each chunk's logits exist only
       while it is processed and are recomputed in the backward pass. 0 scores
-      the whole completion as one chunk. Peak logit memory per device is
-      about 3 × rows × chunk × vocab × 4 bytes.
+      the whole completion as one chunk; a size that does not divide the
+      completion pads its last chunk. Peak logit memory per device is about
+      3 × rows × chunk × vocab × 4 bytes.
     scan_layers: run the decoder layers under one `jax.lax.scan` with
       parameters stacked on a leading `layers` axis (and a stacked KV cache),
       so compile time does not grow with depth; False keeps one Python-unrolled

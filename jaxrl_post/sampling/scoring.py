@@ -84,8 +84,9 @@ def score_logits(logits: jax.Array, completion_tokens: jax.Array, completion_mas
 def chunk_positions(time: int, chunk_size: int) -> int:
   """Positions per chunk for a completion of `time` positions (0 or ≥ time: one chunk).
 
-  Raises a ValueError naming `logit_chunk_size` when `chunk_size` does not
-  divide `time`: equal chunks keep one compiled chunk body.
+  A `chunk_size` that does not divide `time` is fine: the last chunk is
+  padded (completion widths change from step to step with
+  `trim_completions_to`, so no fixed size could divide them all).
 
   Example:
     >>> chunk_positions(768, 128), chunk_positions(64, 128), chunk_positions(64, 0)
@@ -95,12 +96,6 @@ def chunk_positions(time: int, chunk_size: int) -> int:
     raise ValueError(f"logit_chunk_size={chunk_size} must be >= 0 (0: one chunk)")
   if not chunk_size or chunk_size >= time:
     return time
-  if time % chunk_size:
-    divisors = [d for d in range(1, time + 1) if time % d == 0]
-    raise ValueError(
-      f"logit_chunk_size={chunk_size} does not divide the {time} completion positions; "
-      f"valid values for this width: 0 (one chunk) or a divisor of {time}, e.g. "
-      f"{[d for d in divisors if d >= 8][:8] or divisors}")
   return chunk_size
 
 
@@ -117,7 +112,7 @@ def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
     completion_tokens, completion_mask, temperature, top_k, candidate_ids:
       as in `score_logits`.
     chunk_size: positions per chunk (0: the whole completion as one chunk).
-      Must divide `time` (see `chunk_positions`).
+      The last chunk is zero-padded when it does not divide `time`.
 
   Returns:
     The same `ScoreOutput` as `score_logits(project(hidden), ...)`. No
@@ -134,13 +129,20 @@ def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
 
   if c == t:
     return one_chunk(hidden, completion_tokens, completion_mask, candidate_ids)
-  n = t // c
+  n = -(-t // c)
+  pad = n * c - t  # Padded positions are masked out and cut off again below.
+
   # Chunks along time, [n, batch, c, ...]: the batch axis keeps its sharding and
   # each scan step sees every row.
-  to_chunks = lambda x: None if x is None else jnp.moveaxis(  # noqa: E731
-    x.reshape(b, n, c, *x.shape[2:]), 1, 0)
-  from_chunks = lambda y: None if y is None else jnp.moveaxis(y, 0, 1).reshape(  # noqa: E731
-    b, t, *y.shape[3:])
+  def to_chunks(x):
+    if x is None:
+      return None
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape(b, n, c, *x.shape[2:]), 1, 0)
+
+  def from_chunks(y):
+    return None if y is None else jnp.moveaxis(y, 0, 1).reshape(b, n * c, *y.shape[3:])[:, :t]
+
   xs = tuple(map(to_chunks, (hidden, completion_tokens, completion_mask, candidate_ids)))
   _, ys = jax.lax.scan(lambda carry, x: (carry, one_chunk(*x)), None, xs)
   return ScoreOutput(*map(from_chunks, ys))
