@@ -48,6 +48,7 @@ from jaxrl_post.parallel import mesh as mesh_lib
 from jaxrl_post.parallel.axes import axis_rules, logical_sharding, state_shardings
 from jaxrl_post.sampling import kernels
 from jaxrl_post.training import rl
+from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.train_state import TrainState, make_train_step, train_state_shardings
 
 _MODEL = flags.DEFINE_string("model", "qwen3_8b", "Model preset.")
@@ -73,6 +74,8 @@ _SCAN_LAYERS = flags.DEFINE_boolean(
   "scan_layers", None, "Layers under scan (--scan_layers / --noscan_layers; default: preset's).")
 _REMAT = flags.DEFINE_string(
   "remat_policy", "", "Layer rematerialisation: none, full or dots (default: the preset's).")
+_MOMENTS = flags.DEFINE_string(
+  "moments_dtype", "float32", "Adam moments: 'float32' (the binaries' default) or 'params'.")
 _SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, prefill, decode_step.")
 _CHUNK = flags.DEFINE_integer(
   "logit_chunk_size", -1, "Completion positions per logit chunk (-1: the preset's; 0: one chunk).")
@@ -136,6 +139,10 @@ def _batch_struct(mesh, rules, shape, dtype):
 def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
   """Lowers and compiles one GRPO update against abstract, sharded inputs."""
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0))
+  if _MOMENTS.value == "float32":  # What the binaries do by default (`optimizer.moments_dtype`).
+    optimizer = run_setup.with_float32_state(optimizer)
+  elif _MOMENTS.value != "params":
+    raise ValueError(f"--moments_dtype={_MOMENTS.value!r}: expected 'float32' or 'params'")
 
   def init(params):
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -166,7 +173,8 @@ def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> d
     what="train_step", **times,
     params_bytes=_bytes_per_device(abstract_state.params, shardings.params),
     opt_state_bytes=_bytes_per_device(abstract_state.opt_state, shardings.opt_state),
-    **_memory(compiled), batch=b, tokens_per_row=p + t, num_micro_batches=_MICRO.value)
+    **_memory(compiled), batch=b, tokens_per_row=p + t, num_micro_batches=_MICRO.value,
+    moments_dtype=_MOMENTS.value)
 
 
 def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:

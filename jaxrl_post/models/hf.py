@@ -73,7 +73,7 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 
 
 def config_from_hf(hf: dict[str, Any], *, param_dtype=jnp.float32, dtype=None,
-                   attention_impl: str = "xla", **options) -> ModelConfig:
+                   attention_impl: str = "auto", **options) -> ModelConfig:
   """Builds a `ModelConfig` from a parsed HF `config.json`.
 
   `options` are further `ModelConfig` fields that a checkpoint does not decide
@@ -440,7 +440,7 @@ def _leaf_reader(reader: CheckpointReader, specs: list[TensorSpec], dtype: np.dt
 
 def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
             mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
-            attention_impl: str = "xla", scan_layers: bool = False,
+            attention_impl: str = "auto", scan_layers: bool = False,
             remat_policy: str | None = None) -> CausalLM:
   """Loads a Hugging Face checkpoint directory as a `CausalLM`.
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3", "smollm3")
-ATTENTION_IMPLS = ("xla", "cudnn", "plain")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "plain")
 # Rematerialisation of a decoder layer in the backward pass (`jax.checkpoint`):
 # "none" keeps every activation, "full" recomputes the whole layer from its
 # input, "dots" keeps the outputs of the weight matmuls and recomputes the rest.
@@ -81,9 +81,13 @@ class ModelConfig:
     nope_layers: indices of layers that skip RoPE (SmolLM3).
     param_dtype: storage dtype of the parameters.
     dtype: compute dtype of activations and matmuls (logits are float32).
-    attention_impl: "xla" (`jax.nn.dot_product_attention`, XLA kernel),
-      "cudnn" (the same call forced onto cuDNN flash attention, GPU only) or
-      "plain" (explicit grouped matmuls + softmax; the reference path).
+    attention_impl: attention over whole sequences (training, scoring,
+      prefill): "auto" (the default: "cudnn" on a GPU where cuDNN's fused
+      kernel applies, otherwise "xla"; `transformer.attention_kernel`), "xla"
+      (`jax.nn.dot_product_attention`'s XLA lowering, which materialises the
+      `[batch, heads, time, time]` scores), "cudnn" (the same call on cuDNN's
+      fused flash attention, GPU only) or "plain" (explicit grouped matmuls +
+      softmax; the reference path).
     logit_chunk_size: completion positions per chunk when scoring (log-probs,
       entropy, top-K; `sampling.scoring`): each chunk's logits exist only
       while it is processed and are recomputed in the backward pass. 0 scores
@@ -125,7 +129,7 @@ class ModelConfig:
   nope_layers: tuple[int, ...] = ()
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
-  attention_impl: str = "xla"
+  attention_impl: str = "auto"
   logit_chunk_size: int = 0
   scan_layers: bool = False
   remat_policy: str = "none"

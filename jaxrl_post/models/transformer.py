@@ -258,10 +258,39 @@ def plain_attention(q, k, v, mask, scale):
 
 
 def library_attention(q, k, v, mask, scale, implementation=None):
-  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU)."""
+  """`jax.nn.dot_product_attention` on `implementation` ("xla" or "cudnn")."""
   return jax.nn.dot_product_attention(
     q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask=mask[:, None], scale=scale,
     implementation=implementation)
+
+
+# cuDNN's fused attention (flash attention with a dense mask, as JAX calls it)
+# takes 16-bit inputs and head dims up to 128 in multiples of 8.
+_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def attention_kernel(attention_impl: str, *, platform: str, dtype, head_dim: int) -> str:
+  """The kernel that `attention_impl` runs on `platform`: "xla", "cudnn" or "plain".
+
+  "auto" picks cuDNN's fused attention on a GPU when it applies (bf16 / fp16
+  compute, head_dim ≤ 128 and a multiple of 8): it never materialises the
+  `[batch, heads, time, time]` scores, which XLA's lowering does (1 GB per
+  layer for 16 × 1024 tokens and 16 heads in float32). Elsewhere, and on GPU
+  in float32, "auto" is XLA's lowering. (`jax.nn.dot_product_attention`
+  with no implementation named also means XLA's lowering today, so a
+  default that names none never reaches cuDNN.) TPU: XLA's lowering; the
+  Pallas splash kernel is not wired in yet.
+
+  Example:
+    >>> attention_kernel("auto", platform="gpu", dtype=jnp.bfloat16, head_dim=128)
+    'cudnn'
+    >>> attention_kernel("auto", platform="cpu", dtype=jnp.bfloat16, head_dim=128)
+    'xla'
+  """
+  if attention_impl != "auto":
+    return attention_impl
+  fits = jnp.dtype(dtype) in _CUDNN_DTYPES and head_dim <= 128 and head_dim % 8 == 0
+  return "cudnn" if platform == "gpu" and fits else "xla"
 
 
 class Attention(nnx.Module):
@@ -299,11 +328,13 @@ class Attention(nnx.Module):
 
   def _attend(self, q, k, v, mask, scale):
     """`attention_impl`'s kernel; k, v `[b, kv, s, h]`."""
-    impl = self.config.attention_impl
+    c = self.config
+    # The default backend decides: it is where a jitted call runs unless told otherwise.
+    impl = attention_kernel(c.attention_impl, platform=jax.default_backend(), dtype=q.dtype,
+                            head_dim=c.head_dim)
     if impl == "plain":
       return plain_attention(q, k, v, mask, scale)
-    return library_attention(q, k, v, mask, scale,
-                             implementation="cudnn" if impl == "cudnn" else None)
+    return library_attention(q, k, v, mask, scale, implementation=impl)
 
   def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None, prefix=None,
                use_rope=None):

@@ -514,3 +514,32 @@ def test_presets_scan_their_layers_except_tiny_and_small():
   config = get_model_config("qwen3_0p6b", scan_layers=False, remat_policy="dots")
   assert not config.scan_layers and config.remat_policy == "dots"
   assert get_model_config("tiny", scan_layers=True).scan_layers
+
+
+@pytest.mark.parametrize("platform, dtype, head_dim, want", [
+  ("gpu", "bfloat16", 128, "cudnn"),
+  ("gpu", "float16", 64, "cudnn"),
+  ("gpu", "float32", 128, "xla"),  # cuDNN's fused kernel takes 16-bit inputs only
+  ("gpu", "bfloat16", 256, "xla"),  # head_dim above what the kernel supports
+  ("gpu", "bfloat16", 20, "xla"),  # not a multiple of 8
+  ("cpu", "bfloat16", 128, "xla"),
+  ("tpu", "bfloat16", 128, "xla"),
+])
+def test_auto_attention_picks_cudnn_on_gpu_where_it_applies(platform, dtype, head_dim, want):
+  from jaxrl_post.models.transformer import attention_kernel
+
+  assert attention_kernel("auto", platform=platform, dtype=dtype, head_dim=head_dim) == want
+  # A named implementation is taken as it is.
+  assert attention_kernel("plain", platform=platform, dtype=dtype, head_dim=head_dim) == "plain"
+
+
+def test_auto_attention_is_the_default_and_equals_plain_on_cpu():
+  config = get_model_config("tiny")
+  assert config.attention_impl == "auto"
+  tokens = jnp.arange(14, dtype=jnp.int32).reshape(2, 7) % config.vocab_size
+  mask = jnp.ones((2, 7), bool).at[0, :2].set(False)
+  auto = CausalLM(config, rngs=nnx.Rngs(0))(tokens, attention_mask=mask)
+  plain = CausalLM(config.replace(attention_impl="plain"), rngs=nnx.Rngs(0))(
+    tokens, attention_mask=mask)
+  np.testing.assert_allclose(auto[1], plain[1], atol=1e-5)
+  np.testing.assert_allclose(auto[0, 2:], plain[0, 2:], atol=1e-5)
