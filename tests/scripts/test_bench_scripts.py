@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,12 +21,24 @@ def _json_lines(script, *args):
 
 def test_bench_train_step_reports_the_phase_split_and_mfu():
   peak, step = _json_lines("bench_train_step.py", "--config=configs/grpo_arith.py:runlocal",
-                           "--steps=1", "--matmul_n=256")
+                           "--steps=1", "--matmul_n=256", "--skip_trl")
   assert peak["what"] == "matmul_peak" and peak["flops_per_s"] > 0
-  assert step["what"] == "grpo_step" and step["rollouts"] == 8
-  shares = [step[f"share/{k}"] for k in ("generate", "reward", "score", "reference", "update")]
-  assert abs(sum(shares) - 1) < 1e-6 and all(s > 0 for s in shares)
+  assert step["what"] == "grpo_step" and step["engine"] == "jaxrl_post" and step["rollouts"] == 8
+  shares = {k: step[f"share/{k}"] for k in ("generate", "reward", "score", "reference", "update")}
+  assert abs(sum(shares.values()) - 1) < 1e-6
+  assert shares.pop("reference") == 0  # beta = 0: no reference model, as in experiments/grpo.py
+  assert all(s > 0 for s in shares.values())
   assert step["update_tokens_per_s"] > 0 and 0 < step["update_mfu"]
+
+
+def test_bench_train_step_times_trl_beside_ours():
+  pytest.importorskip("trl")
+  rows = _json_lines("bench_train_step.py", "--config=configs/grpo_arith.py:runlocal",
+                     "--steps=1", "--matmul_n=256", "--config.max_new_tokens=4")
+  assert [r["what"] for r in rows] == ["matmul_peak", "grpo_step", "grpo_step", "grpo_step_ratio"]
+  assert [r["engine"] for r in rows[1:3]] == ["jaxrl_post", "trl"]
+  assert rows[2]["rollouts"] == 8 and rows[2]["time/generate"] > 0 and rows[2]["time/update"] > 0
+  assert rows[3]["step_speedup"] > 0 and rows[3]["update_speedup"] > 0
 
 
 def test_bench_model_reports_fraction_of_peak():
