@@ -31,6 +31,9 @@ _TEST = [
     # Pinned so that pip takes the CPU wheel; see README ("Installing torch").
     "torch==2.13.0",
     "transformers",
+    # bench_train_step.py's reference engine (GRPOTrainer); with torch and transformers above
+    # it adds only pure-Python wheels (trl, accelerate, datasets, dill, multiprocess, xxhash).
+    "trl",
     "nbclient",
     "ipykernel",
     "ruff",
