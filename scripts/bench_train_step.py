@@ -128,10 +128,12 @@ def _run_trl(config, tokenizer, task, model_config, between_steps, num_steps: in
   micro, mini = config.num_micro_batches, config.ppo_mini_batches
   rows = p * g
   if rows % (mini * micro):
-    raise ValueError(f"{rows} rollouts do not split into {mini} mini-batches × {micro} micro-batches")
+    raise ValueError(f"{rows} rollouts do not split into {mini} mini-batches × {micro} "
+                     "micro-batches")
   args = trl.GRPOConfig(
     output_dir="/tmp/bench_train_step_trl", report_to="none", save_strategy="no",
-    logging_steps=10**6, disable_tqdm=True, use_cpu=jax.default_backend() == "cpu", seed=config.seed,
+    logging_steps=10**6, disable_tqdm=True, use_cpu=jax.default_backend() == "cpu",
+    seed=config.seed,
     per_device_train_batch_size=rows // (mini * micro), gradient_accumulation_steps=micro,
     steps_per_generation=mini * micro, num_iterations=config.ppo_epochs, num_generations=g,
     max_completion_length=config.max_new_tokens, temperature=config.temperature,

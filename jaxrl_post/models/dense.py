@@ -20,7 +20,6 @@ own expression (their matmul units take transposed operands natively).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 
 @jax.custom_vjp
@@ -28,6 +27,7 @@ def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """`x @ kernel` for `x` `[..., d]` and `kernel` `[d, f]` (same dtype), with a CPU-friendly VJP.
 
   Example:
+    >>> import jax.numpy as jnp
     >>> x, w = jnp.ones((2, 3, 4)), jnp.ones((4, 5))
     >>> dense(x, w).shape
     (2, 3, 5)
