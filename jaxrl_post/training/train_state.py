@@ -91,9 +91,23 @@ def train_state_shardings(abstract: TrainState, mesh: Mesh, rules: Rules = DEFAU
     # replicated. Parameters of equal shape share logical axes here.
     return by_shape.get(x.shape, replicated) if x.ndim else replicated
 
-  return TrainState(step=replicated, params=param_shardings,
-                    opt_state=jax.tree.map(opt_sharding, abstract.opt_state), rng=replicated,
-                    nonfinite_streak=replicated, nonfinite_total=replicated)
+  shardings = TrainState(step=replicated, params=param_shardings,
+                         opt_state=jax.tree.map(opt_sharding, abstract.opt_state),
+                         rng=replicated, nonfinite_streak=replicated, nonfinite_total=replicated)
+  return jax.tree.map(_canonical, shardings)
+
+
+def _canonical(sharding: NamedSharding) -> NamedSharding:
+  """The spec without trailing Nones: the form a jitted step's outputs come back in.
+
+  `P('fsdp', 'tensor', None)` and `P('fsdp', 'tensor')` place the same data, but
+  jit's cache tells them apart; a state born with the first would make the
+  second update compile the step again.
+  """
+  spec = list(sharding.spec)
+  while spec and spec[-1] is None:
+    spec.pop()
+  return NamedSharding(sharding.mesh, PartitionSpec(*spec), memory_kind=sharding.memory_kind)
 
 
 def _split_micro_batches(batch, num_micro_batches: int):

@@ -97,3 +97,13 @@ def test_non_finite_update_is_skipped_and_counted():
 def test_step_compiles_once():
   _, _, step = _run(2, steps=3)
   assert step._cache_size() == 1
+
+
+def test_sharded_step_compiles_once():
+  """A state born sharded comes back from the step with the same shardings: no second compile
+  (specs with trailing Nones, `P('fsdp', 'tensor', None)`, made the second update compile again)."""
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, 4, 2), ("data", "fsdp", "tensor"))
+  state, _, step = _run(1, mesh=mesh, steps=3)
+  assert step._cache_size() == 1
+  q = state.params["layers"][0]["attn"]["q_proj"].get_value()
+  assert tuple(q.sharding.spec) == ("fsdp", "tensor")
