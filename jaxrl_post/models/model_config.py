@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3", "smollm3")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "plain")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "plain")
 # Rematerialisation of a decoder layer in the backward pass (`jax.checkpoint`):
 # "none" keeps every activation, "full" recomputes the whole layer from its
 # input, "dots" keeps the outputs of the weight matmuls and recomputes the rest.
@@ -83,11 +83,16 @@ class ModelConfig:
     dtype: compute dtype of activations and matmuls (logits are float32).
     attention_impl: attention over whole sequences (training, scoring,
       prefill): "auto" (the default: "cudnn" on a GPU where cuDNN's fused
-      kernel applies, otherwise "xla"; `transformer.attention_kernel`), "xla"
+      kernel applies, "splash" on a TPU where the splash kernel applies,
+      otherwise "xla"; `transformer.attention_kernel`), "xla"
       (`jax.nn.dot_product_attention`'s XLA lowering, which materialises the
       `[batch, heads, time, time]` scores), "cudnn" (the same call on cuDNN's
-      fused flash attention, GPU only) or "plain" (explicit grouped matmuls +
-      softmax; the reference path).
+      fused flash attention, GPU only), "splash" (JAX's Pallas splash
+      flash-attention kernel for TPU, `transformer.splash_attention`; "auto"
+      picks it on a TPU for no-cache self-attention over a multiple of 128
+      positions, and a prefill into the KV cache or another length falls back
+      to "xla"; off a TPU it runs in Pallas interpret mode, for tests) or
+      "plain" (explicit grouped matmuls + softmax; the reference path).
     logit_chunk_size: completion positions per chunk when scoring (log-probs,
       entropy, top-K; `sampling.scoring`): each chunk's logits exist only
       while it is processed and are recomputed in the backward pass. 0 scores

@@ -264,31 +264,133 @@ def library_attention(q, k, v, mask, scale, implementation=None):
     implementation=implementation)
 
 
+# Splash attention (JAX's Pallas TPU flash-attention kernel) tiles q and kv in
+# blocks of this many positions (its lane width); it takes sequence lengths in
+# multiples of it, and `attention_kernel` picks it for head dims up to 256 in
+# multiples of 64 (the Llama / Qwen / SmolLM sizes).
+SPLASH_BLOCK = 128
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(length: int, groups: int, interpret: bool):
+  """The MQA splash kernel for `groups` query heads over one kv head, causal
+  over `length` positions (the mask's block structure is built once per shape
+  in numpy, hence the cache)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as splash,
+  )
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask as splash_mask,
+  )
+
+  mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((length, length))] * groups)
+  blocks = splash.BlockSizes(
+    block_q=SPLASH_BLOCK, block_kv=SPLASH_BLOCK, block_kv_compute=SPLASH_BLOCK,
+    block_q_dkv=SPLASH_BLOCK, block_kv_dkv=SPLASH_BLOCK, block_kv_dkv_compute=SPLASH_BLOCK,
+    block_q_dq=SPLASH_BLOCK, block_kv_dq=SPLASH_BLOCK)
+  # Built eagerly even when first called inside a trace: the cached kernel's
+  # mask-info arrays must be constants, not one trace's tracers.
+  with jax.ensure_compile_time_eval():
+    return splash.make_splash_mqa(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                  mask_value=_MASK_VALUE, interpret=interpret)
+
+
+def splash_attention(q, k, v, key_mask, scale, interpret=False):
+  """Causal grouped-query self-attention with the Pallas splash kernel
+  (`attention_impl="splash"`, TPU).
+
+  Args:
+    q: `[batch, time, heads, head_dim]`.
+    k, v: `[batch, kv_heads, time, head_dim]` (self-attention: as many keys as
+      queries, `time` a multiple of `SPLASH_BLOCK`).
+    key_mask: `bool[batch, time]`, True on real tokens. The kernel's mask is
+      causal ∧ same segment, with padding in segment 0 and real tokens in
+      segment 1: a real query sees exactly the real keys at or before it (what
+      `plain_attention` does with `key_mask[:, None, :] & causal`); a padding
+      query sees the padding keys at or before it, itself included, so its
+      output (which callers ignore) stays finite.
+    scale: logit scale, applied to q before the kernel.
+    interpret: run the kernel in Pallas interpret mode (any backend; slow:
+      tests on CPU).
+
+  Returns:
+    `[batch, time, heads, head_dim]` in q's dtype. Query head n uses kv head
+    n // groups, as in `plain_attention`.
+  """
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as splash,
+  )
+
+  b, t, n, h = q.shape
+  kv, s = k.shape[1], k.shape[2]
+  if s != t or t % SPLASH_BLOCK:
+    raise ValueError(f"splash attention needs self-attention over a multiple of {SPLASH_BLOCK} "
+                     f"positions; got {t} queries and {s} keys")
+  g = n // kv
+  kernel = _splash_kernel(t, g, bool(interpret))
+  q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4)
+  segments = key_mask.astype(jnp.int32)
+
+  def row(q, k, v, segments):  # q [kv, g, t, h], k / v [kv, t, h]
+    ids = splash.SegmentIds(q=segments, kv=segments)
+    return jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(q, k, v)
+
+  out = jax.vmap(row)(q, k.astype(q.dtype), v.astype(q.dtype), segments)  # [b, kv, g, t, h]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
 # cuDNN's fused attention (flash attention with a dense mask, as JAX calls it)
 # takes 16-bit inputs and head dims up to 128 in multiples of 8.
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def attention_kernel(attention_impl: str, *, platform: str, dtype, head_dim: int) -> str:
-  """The kernel that `attention_impl` runs on `platform`: "xla", "cudnn" or "plain".
+def splash_applies(*, head_dim: int, q_len: int | None, kv_len: int | None,
+                   cached: bool) -> bool:
+  """Whether `splash_attention` takes this call: causal self-attention with no
+  KV cache (t == s), a length in multiples of `SPLASH_BLOCK` and a head_dim up
+  to 256 in multiples of 64."""
+  return (not cached and q_len is not None and q_len == kv_len and q_len % SPLASH_BLOCK == 0
+          and head_dim % 64 == 0 and head_dim <= 256)
+
+
+def attention_kernel(attention_impl: str, *, platform: str, dtype, head_dim: int,
+                     q_len: int | None = None, kv_len: int | None = None,
+                     cached: bool = False) -> str:
+  """The kernel that `attention_impl` runs on `platform`: "xla", "cudnn",
+  "splash" or "plain".
 
   "auto" picks cuDNN's fused attention on a GPU when it applies (bf16 / fp16
   compute, head_dim ≤ 128 and a multiple of 8): it never materialises the
   `[batch, heads, time, time]` scores, which XLA's lowering does (1 GB per
-  layer for 16 × 1024 tokens and 16 heads in float32). Elsewhere, and on GPU
-  in float32, "auto" is XLA's lowering. (`jax.nn.dot_product_attention`
+  layer for 16 × 1024 tokens and 16 heads in float32). On a TPU it picks the
+  Pallas splash kernel (`splash_attention`, also flash attention) where that
+  applies (`splash_applies`: no-cache causal self-attention of `q_len` ==
+  `kv_len` positions, a multiple of `SPLASH_BLOCK`; head_dim ≤ 256 in
+  multiples of 64); q_len / kv_len of None (unknown) never take it. Elsewhere,
+  and on GPU in float32, "auto" is XLA's lowering. (`jax.nn.dot_product_attention`
   with no implementation named also means XLA's lowering today, so a
-  default that names none never reaches cuDNN.) TPU: XLA's lowering; the
-  Pallas splash kernel is not wired in yet.
+  default that names none never reaches cuDNN.)
+
+  A named implementation is taken as it is, except "splash" on a call it does
+  not apply to (a prefill into the KV cache, a length off the block size),
+  which falls back to "xla".
 
   Example:
     >>> attention_kernel("auto", platform="gpu", dtype=jnp.bfloat16, head_dim=128)
     'cudnn'
     >>> attention_kernel("auto", platform="cpu", dtype=jnp.bfloat16, head_dim=128)
     'xla'
+    >>> attention_kernel("auto", platform="tpu", dtype=jnp.bfloat16, head_dim=128,
+    ...                  q_len=1024, kv_len=1024)
+    'splash'
   """
+  splash_ok = splash_applies(head_dim=head_dim, q_len=q_len, kv_len=kv_len, cached=cached)
+  if attention_impl == "splash":
+    return "splash" if splash_ok else "xla"
   if attention_impl != "auto":
     return attention_impl
+  if platform == "tpu":
+    return "splash" if splash_ok else "xla"
   fits = jnp.dtype(dtype) in _CUDNN_DTYPES and head_dim <= 128 and head_dim % 8 == 0
   return "cudnn" if platform == "gpu" and fits else "xla"
 
@@ -326,14 +428,23 @@ class Attention(nnx.Module):
     y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(x.dtype))
     return y if bias is None else y + bias[...].astype(x.dtype)
 
-  def _attend(self, q, k, v, mask, scale):
-    """`attention_impl`'s kernel; k, v `[b, kv, s, h]`."""
+  def _attend(self, q, k, v, mask, scale, cached=False):
+    """`attention_impl`'s kernel; k, v `[b, kv, s, h]`; `cached`: k / v are the
+    KV cache's buffers (a prefill), not this call's own keys."""
     c = self.config
     # The default backend decides: it is where a jitted call runs unless told otherwise.
-    impl = attention_kernel(c.attention_impl, platform=jax.default_backend(), dtype=q.dtype,
-                            head_dim=c.head_dim)
+    platform = jax.default_backend()
+    impl = attention_kernel(c.attention_impl, platform=platform, dtype=q.dtype,
+                            head_dim=c.head_dim, q_len=q.shape[1], kv_len=k.shape[2],
+                            cached=cached)
     if impl == "plain":
       return plain_attention(q, k, v, mask, scale)
+    if impl == "splash":
+      # Splash is only taken without a cache, where `mask` is
+      # `attention_mask[:, None, :] & causal` (`CausalLM.__call__`): its last
+      # query row is then the key-valid mask itself, whatever the padding.
+      # Off a TPU the kernel runs in interpret mode (tests).
+      return splash_attention(q, k, v, mask[:, -1, :], scale, interpret=platform != "tpu")
     return library_attention(q, k, v, mask, scale, implementation=impl)
 
   def __call__(self, x, *, sin, cos, mask, cache_kv=None, cache_index=None, prefix=None,
@@ -385,7 +496,7 @@ class Attention(nnx.Module):
       elif x.shape[1] == 1:  # One decode step: the transposed-key fast path.
         out = cached_attention(q, k, v, mask, scale)
       else:  # Prefill: the configured kernel (flash attention on GPU) on [b, kv, s, h] keys.
-        out = self._attend(q, k.swapaxes(2, 3), v, mask, scale)
+        out = self._attend(q, k.swapaxes(2, 3), v, mask, scale, cached=True)
     else:
       new_kv = None
       out = self._attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale)

@@ -533,6 +533,104 @@ def test_auto_attention_picks_cudnn_on_gpu_where_it_applies(platform, dtype, hea
   assert attention_kernel("plain", platform=platform, dtype=dtype, head_dim=head_dim) == "plain"
 
 
+@pytest.mark.parametrize("kw, want", [
+  (dict(head_dim=128, q_len=1024, kv_len=1024), "splash"),
+  (dict(head_dim=64, q_len=256, kv_len=256), "splash"),
+  (dict(head_dim=128), "xla"),  # lengths unknown
+  (dict(head_dim=128, q_len=1000, kv_len=1000), "xla"),  # not a multiple of the block
+  (dict(head_dim=128, q_len=256, kv_len=512), "xla"),  # not self-attention
+  (dict(head_dim=128, q_len=256, kv_len=256, cached=True), "xla"),  # prefill into a cache
+  (dict(head_dim=96, q_len=256, kv_len=256), "xla"),  # head_dim not a multiple of 64
+  (dict(head_dim=512, q_len=256, kv_len=256), "xla"),  # head_dim above 256
+])
+def test_auto_attention_picks_splash_on_tpu_where_it_applies(kw, want):
+  from jaxrl_post.models.transformer import attention_kernel
+
+  assert attention_kernel("auto", platform="tpu", dtype="bfloat16", **kw) == want
+  # Named "splash" falls back to XLA where the kernel does not apply, on any platform.
+  assert attention_kernel("splash", platform="cpu", dtype="float32", **kw) == want
+  # Other platforms never pick it.
+  assert attention_kernel("auto", platform="cpu", dtype="bfloat16", **kw) == "xla"
+
+
+def _splash_inputs(dtype, t, h, pads, seed=0):
+  b, n, kv = len(pads), 4, 2
+  kq, kk, kv_, kc = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (b, t, n, h), jnp.float32).astype(dtype)
+  k = jax.random.normal(kk, (b, kv, t, h), jnp.float32).astype(dtype)
+  v = jax.random.normal(kv_, (b, kv, t, h), jnp.float32).astype(dtype)
+  key_mask = jnp.arange(t)[None] >= jnp.asarray(pads)[:, None]
+  mask = key_mask[:, None, :] & jnp.tril(jnp.ones((t, t), bool))[None]
+  cotangent = jax.random.normal(kc, (b, t, n, h), jnp.float32).astype(dtype)
+  return q, k, v, key_mask, mask, cotangent
+
+
+@pytest.mark.parametrize("dtype, t, h, atol", [
+  ("float32", 256, 64, 1e-5),
+  ("bfloat16", 128, 128, 2e-2),
+])
+def test_splash_attention_interpreted_equals_plain(dtype, t, h, atol):
+  # GQA (4 heads over 2 kv heads), left padding: none, within the first block,
+  # and across a block boundary (pad > 128 where t = 256).
+  pads = [0, 5, t // 2 + 3]
+  q, k, v, key_mask, mask, cotangent = _splash_inputs(dtype, t, h, pads)
+  scale = h**-0.5
+  real = key_mask[:, :, None, None]
+
+  def loss(fn, q, k, v):  # pad query rows do not count, as in the model's losses
+    out = fn(q, k, v)
+    return jnp.sum(jnp.where(real, out * cotangent, 0).astype(jnp.float32)), out
+
+  def splash(q, k, v):
+    return transformer.splash_attention(q, k, v, key_mask, scale, interpret=True)
+
+  def plain(q, k, v):
+    return transformer.plain_attention(q, k, v, mask, scale)
+
+  grad = lambda fn: jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2), has_aux=True))
+  (dq, dk, dv), out = grad(splash)(q, k, v)
+  (eq, ek, ev), expected = grad(plain)(q, k, v)
+  assert out.dtype == q.dtype
+  assert bool(jnp.isfinite(out.astype(jnp.float32)).all())  # pad rows too
+  f32 = lambda x: np.asarray(x.astype(jnp.float32))
+  rows = np.asarray(key_mask)
+  np.testing.assert_allclose(f32(out)[rows], f32(expected)[rows], atol=atol, rtol=atol)
+  grad_tol = 10 * atol if dtype == "bfloat16" else 1e-4
+  for got, want in ((dq, eq), (dk, ek), (dv, ev)):
+    np.testing.assert_allclose(f32(got), f32(want), atol=grad_tol, rtol=grad_tol)
+
+
+def test_splash_attention_rejects_what_it_does_not_apply_to():
+  q, k, v, key_mask, _, _ = _splash_inputs("float32", 64, 64, [0])
+  with pytest.raises(ValueError, match="multiple of 128"):
+    transformer.splash_attention(q, k, v, key_mask, 0.125, interpret=True)
+
+
+def test_splash_model_equals_plain_and_falls_back_with_a_cache(monkeypatch):
+  # Named "splash" runs the kernel interpreted on CPU (head_dim 64, 128 tokens,
+  # inside the layer scan); a prefill into the KV cache falls back to XLA.
+  calls = []
+  kernel = transformer.splash_attention
+  monkeypatch.setattr(transformer, "splash_attention",
+                      lambda *a, **kw: calls.append(a[0].shape) or kernel(*a, **kw))
+  config = get_model_config("tiny", head_dim=64, scan_layers=True, attention_impl="splash")
+  tokens = jnp.arange(256, dtype=jnp.int32).reshape(2, 128) % config.vocab_size
+  mask = jnp.ones((2, 128), bool).at[0, :7].set(False)
+  splash = CausalLM(config, rngs=nnx.Rngs(0))
+  plain = CausalLM(config.replace(attention_impl="plain"), rngs=nnx.Rngs(0))
+  got = nnx.jit(_forward)(splash, tokens, mask)
+  want = nnx.jit(_forward)(plain, tokens, mask)
+  assert calls == [(2, 128, 4, 64)]  # one scanned layer body, traced once
+  np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+  np.testing.assert_allclose(got[0, 7:], want[0, 7:], atol=1e-5)
+  prefill = lambda m: m(tokens, attention_mask=mask, positions=default_positions(mask),
+                        cache=m.init_cache(2, 128))[0]
+  got = nnx.jit(prefill)(splash)
+  assert len(calls) == 1
+  np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+  np.testing.assert_allclose(got[0, 7:], want[0, 7:], atol=1e-5)
+
+
 def test_auto_attention_is_the_default_and_equals_plain_on_cpu():
   config = get_model_config("tiny")
   assert config.attention_impl == "auto"
