@@ -77,6 +77,8 @@ _REMAT = flags.DEFINE_string(
 _MOMENTS = flags.DEFINE_string(
   "moments_dtype", "float32", "Adam moments: 'float32' (the binaries' default) or 'params'.")
 _SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, prefill, decode_step.")
+_ATTENTION = flags.DEFINE_string(
+  "attention_impl", "", "Attention kernel (default: the preset's, 'auto').")
 _CHUNK = flags.DEFINE_integer(
   "logit_chunk_size", -1, "Completion positions per logit chunk (-1: the preset's; 0: one chunk).")
 
@@ -264,6 +266,8 @@ def main(argv):
     overrides["param_dtype"] = _PARAM_DTYPE.value
   if _DTYPE.value:
     overrides["dtype"] = _DTYPE.value
+  if _ATTENTION.value:
+    overrides["attention_impl"] = _ATTENTION.value
   if _CHUNK.value >= 0:
     overrides["logit_chunk_size"] = _CHUNK.value
   if _SCAN_LAYERS.value is not None:

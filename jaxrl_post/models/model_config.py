@@ -83,15 +83,15 @@ class ModelConfig:
     dtype: compute dtype of activations and matmuls (logits are float32).
     attention_impl: attention over whole sequences (training, scoring,
       prefill): "auto" (the default: "cudnn" on a GPU where cuDNN's fused
-      kernel applies, "splash" on a TPU where the splash kernel applies,
-      otherwise "xla"; `transformer.attention_kernel`), "xla"
+      kernel applies, otherwise "xla"; `transformer.attention_kernel`), "xla"
       (`jax.nn.dot_product_attention`'s XLA lowering, which materialises the
       `[batch, heads, time, time]` scores), "cudnn" (the same call on cuDNN's
       fused flash attention, GPU only), "splash" (JAX's Pallas splash
-      flash-attention kernel for TPU, `transformer.splash_attention`; "auto"
-      picks it on a TPU for no-cache self-attention over a multiple of 128
-      positions, and a prefill into the KV cache or another length falls back
-      to "xla"; off a TPU it runs in Pallas interpret mode, for tests) or
+      flash-attention kernel for TPU, `transformer.splash_attention`, opt-in
+      until it has run on a TPU under a mesh; it applies to no-cache
+      self-attention over a multiple of 128 positions, and a prefill into the
+      KV cache or another length falls back to "xla"; off a TPU it runs in
+      Pallas interpret mode, for tests) or
       "plain" (explicit grouped matmuls + softmax; the reference path).
     logit_chunk_size: completion positions per chunk when scoring (log-probs,
       entropy, top-K; `sampling.scoring`): each chunk's logits exist only

@@ -362,25 +362,28 @@ def attention_kernel(attention_impl: str, *, platform: str, dtype, head_dim: int
   "auto" picks cuDNN's fused attention on a GPU when it applies (bf16 / fp16
   compute, head_dim ≤ 128 and a multiple of 8): it never materialises the
   `[batch, heads, time, time]` scores, which XLA's lowering does (1 GB per
-  layer for 16 × 1024 tokens and 16 heads in float32). On a TPU it picks the
-  Pallas splash kernel (`splash_attention`, also flash attention) where that
-  applies (`splash_applies`: no-cache causal self-attention of `q_len` ==
-  `kv_len` positions, a multiple of `SPLASH_BLOCK`; head_dim ≤ 256 in
-  multiples of 64); q_len / kv_len of None (unknown) never take it. Elsewhere,
-  and on GPU in float32, "auto" is XLA's lowering. (`jax.nn.dot_product_attention`
-  with no implementation named also means XLA's lowering today, so a
-  default that names none never reaches cuDNN.)
+  layer for 16 × 1024 tokens and 16 heads in float32). Elsewhere, and on GPU
+  in float32, "auto" is XLA's lowering. (`jax.nn.dot_product_attention` with
+  no implementation named also means XLA's lowering today, so a default that
+  names none never reaches cuDNN.)
 
-  A named implementation is taken as it is, except "splash" on a call it does
-  not apply to (a prefill into the KV cache, a length off the block size),
-  which falls back to "xla".
+  On a TPU, the Pallas splash kernel (`splash_attention`, flash attention) is
+  opt-in with "splash" for now, not picked by "auto": it has run only in
+  interpret mode on CPU, and as a Pallas call GSPMD cannot partition it, so a
+  batch- or head-sharded mesh needs a `shard_map` around it, which is not
+  written yet. It applies where `splash_applies` says (no-cache causal
+  self-attention of `q_len` == `kv_len` positions, a multiple of
+  `SPLASH_BLOCK`; head_dim ≤ 256 in multiples of 64); a named "splash" on a
+  call it does not apply to (a prefill into the KV cache, a length off the
+  block size) falls back to "xla". Other named implementations are taken as
+  they are.
 
   Example:
     >>> attention_kernel("auto", platform="gpu", dtype=jnp.bfloat16, head_dim=128)
     'cudnn'
     >>> attention_kernel("auto", platform="cpu", dtype=jnp.bfloat16, head_dim=128)
     'xla'
-    >>> attention_kernel("auto", platform="tpu", dtype=jnp.bfloat16, head_dim=128,
+    >>> attention_kernel("splash", platform="tpu", dtype=jnp.bfloat16, head_dim=128,
     ...                  q_len=1024, kv_len=1024)
     'splash'
   """
@@ -389,8 +392,6 @@ def attention_kernel(attention_impl: str, *, platform: str, dtype, head_dim: int
     return "splash" if splash_ok else "xla"
   if attention_impl != "auto":
     return attention_impl
-  if platform == "tpu":
-    return "splash" if splash_ok else "xla"
   fits = jnp.dtype(dtype) in _CUDNN_DTYPES and head_dim <= 128 and head_dim % 8 == 0
   return "cudnn" if platform == "gpu" and fits else "xla"
 

@@ -113,8 +113,9 @@ def _canonical(sharding: NamedSharding) -> NamedSharding:
 def _split_micro_batches(batch, num_micro_batches: int):
   def split(x):
     if x.shape[0] % num_micro_batches:
-      raise ValueError(f"batch of {x.shape[0]} rows does not split into {num_micro_batches} "
-                       "micro-batches")
+      valid = [m for m in range(1, x.shape[0] + 1) if x.shape[0] % m == 0]
+      raise ValueError(f"num_micro_batches={num_micro_batches} does not divide the batch of "
+                       f"{x.shape[0]} rows; valid values: {valid}")
     return x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:])
 
   return jax.tree.map(split, batch)
@@ -137,7 +138,7 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
 
   Returns:
     The step. Metrics: `loss`, the summed aux, `grad_norm`, `param_norm`,
-    `update_norm`, `skipped` (1 when a non-finite loss or gradient made the
+    `update_norm` (0 on a skipped step), `skipped` (1 when a non-finite loss or gradient made the
     step keep the old parameters), `nonfinite_streak`.
   """
   shared = tuple(shared or ())
@@ -174,21 +175,32 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
 
       grad_norm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-      # Zero non-finite gradients before the optimizer sees them, then keep
-      # the old state: a NaN must not leak into Adam's moments.
-      safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-      updates, new_opt_state = optimizer.update(safe_grads, state.opt_state, state.params)
-      new_params = optax.apply_updates(state.params, updates)
-      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+
+      # A non-finite loss or gradient skips the optimizer altogether (a NaN must
+      # not leak into Adam's moments). As a `cond`, not a `where(finite, new,
+      # old)` over every leaf: the selects made a copy of every parameter and
+      # moment per step, which cost time on CPU and memory everywhere.
+      def apply(operand):
+        params, opt_state = operand
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        norm = optax.tree.norm(updates).astype(jnp.float32)
+        return optax.apply_updates(params, updates), opt_state, norm
+
+      def skip(operand):
+        params, opt_state = operand
+        return params, opt_state, jnp.zeros((), jnp.float32)
+
+      new_params, new_opt_state, update_norm = jax.lax.cond(
+        finite, apply, skip, (state.params, state.opt_state))
       streak = jnp.where(finite, 0, state.nonfinite_streak + 1)
       new_state = TrainState(
-        step=state.step + finite.astype(jnp.int32), params=keep(new_params, state.params),
-        opt_state=keep(new_opt_state, state.opt_state), rng=state.rng,
+        step=state.step + finite.astype(jnp.int32), params=new_params,
+        opt_state=new_opt_state, rng=state.rng,
         nonfinite_streak=streak, nonfinite_total=state.nonfinite_total + (~finite))
       metrics = dict(aux, loss=loss, grad_norm=grad_norm,
                      param_norm=optax.tree.norm(state.params),
-                     update_norm=optax.tree.norm(updates), skipped=(~finite).astype(jnp.int32),
-                     nonfinite_streak=streak)
+                     update_norm=update_norm,
+                     skipped=(~finite).astype(jnp.int32), nonfinite_streak=streak)
       return new_state, metrics
 
   return jax.jit(step, donate_argnums=(0,))

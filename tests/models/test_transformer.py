@@ -543,13 +543,14 @@ def test_auto_attention_picks_cudnn_on_gpu_where_it_applies(platform, dtype, hea
   (dict(head_dim=96, q_len=256, kv_len=256), "xla"),  # head_dim not a multiple of 64
   (dict(head_dim=512, q_len=256, kv_len=256), "xla"),  # head_dim above 256
 ])
-def test_auto_attention_picks_splash_on_tpu_where_it_applies(kw, want):
+def test_named_splash_applies_where_it_can(kw, want):
   from jaxrl_post.models.transformer import attention_kernel
 
-  assert attention_kernel("auto", platform="tpu", dtype="bfloat16", **kw) == want
   # Named "splash" falls back to XLA where the kernel does not apply, on any platform.
+  assert attention_kernel("splash", platform="tpu", dtype="bfloat16", **kw) == want
   assert attention_kernel("splash", platform="cpu", dtype="float32", **kw) == want
-  # Other platforms never pick it.
+  # "auto" does not pick it (opt-in until it has run on a TPU under a mesh).
+  assert attention_kernel("auto", platform="tpu", dtype="bfloat16", **kw) == "xla"
   assert attention_kernel("auto", platform="cpu", dtype="bfloat16", **kw) == "xla"
 
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -107,3 +108,14 @@ def test_sharded_step_compiles_once():
   assert step._cache_size() == 1
   q = state.params["layers"][0]["attn"]["q_proj"].get_value()
   assert tuple(q.sharding.spec) == ("fsdp", "tensor")
+
+
+def test_micro_batch_count_that_does_not_divide_names_the_key():
+  model = _model()
+  optimizer = optax.sgd(0.1)
+  state = create_train_state(model, optimizer, jax.random.key(0))
+  step = make_train_step(nnx.split(model)[0], _sft_loss, optimizer, num_micro_batches=3,
+                         shared=("num_tokens",))
+  with pytest.raises(ValueError, match=r"num_micro_batches=3 does not divide the batch of 8 "
+                                       r"rows; valid values: \[1, 2, 4, 8\]"):
+    step(state, _batch())
