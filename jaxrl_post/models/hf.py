@@ -441,7 +441,7 @@ def _leaf_reader(reader: CheckpointReader, specs: list[TensorSpec], dtype: np.dt
 def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
             mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
             attention_impl: str = "auto", scan_layers: bool = False,
-            remat_policy: str | None = None) -> CausalLM:
+            remat_policy: str | None = None, logit_chunk_size: int | None = None) -> CausalLM:
   """Loads a Hugging Face checkpoint directory as a `CausalLM`.
 
   Reads `config.json`, then the weights from `model.safetensors` or the shards
@@ -466,6 +466,7 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
     scan_layers: stack the layers' parameters (`ModelConfig.scan_layers`);
       layer i's tensors fill index i of each leaf's leading axis.
     remat_policy: `ModelConfig.remat_policy` (default: the config's).
+    logit_chunk_size: `ModelConfig.logit_chunk_size` (default: the config's).
 
   Returns:
     The model; `model(tokens)` gives `float32[batch, time, vocab]` logits.
@@ -483,6 +484,8 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
     options["scan_layers"] = True
   if remat_policy is not None:
     options["remat_policy"] = remat_policy
+  if logit_chunk_size is not None:
+    options["logit_chunk_size"] = logit_chunk_size
   config = config_from_hf(json.loads(config_path.read_text()), param_dtype=dtype,
                           dtype=compute_dtype, attention_impl=attention_impl, **options)
   reader = CheckpointReader(path)

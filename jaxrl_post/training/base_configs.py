@@ -33,8 +33,14 @@ def optimizer_config(*, lr: float, name: str = "adamw", warmup_steps: int = 0,
     moments_dtype=moments_dtype))
 
 
+# `ModelConfig` fields that say how a model runs, not what it is; config keys of
+# the same names (unset by default) override the preset or checkpoint.
+MODEL_RUN_OPTIONS = {"scan_layers": bool, "remat_policy": str, "logit_chunk_size": int,
+                     "attention_impl": str}
+
+
 def precision_config(config: ml_collections.ConfigDict) -> None:
-  """Adds the dtype keys `setup.build_model` reads (presets and HF loads alike).
+  """Adds the dtype and run-option keys `setup.build_model` reads (presets and HF loads alike).
 
   `param_dtype`: parameters as stored and updated; `dtype`: activations and
   matmuls (logits stay float32). Names: float32, bfloat16, float16. Real
@@ -43,6 +49,11 @@ def precision_config(config: ml_collections.ConfigDict) -> None:
   """
   config.param_dtype = "float32"
   config.dtype = "float32"
+  # How the model runs (`ModelConfig` documents each); unset = the preset's (the
+  # real presets scan, remat "full" and score in chunks of 128), for presets and
+  # Hugging Face checkpoints alike: `--config.remat_policy=dots`.
+  for key, kind in MODEL_RUN_OPTIONS.items():
+    config[key] = ml_collections.config_dict.placeholder(kind)
 
 
 def _common(seed: int = 0) -> ml_collections.ConfigDict:

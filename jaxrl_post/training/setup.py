@@ -47,7 +47,7 @@ def build_tokenizer(config):
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # `model_overrides` keys that also apply to Hugging Face loads (the checkpoint
 # decides the architecture, not how it runs).
-_HF_RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy")
+_HF_RUN_OPTIONS = ("attention_impl", "scan_layers", "remat_policy", "logit_chunk_size")
 
 
 def config_dtype(config, key: str):
@@ -80,6 +80,12 @@ def build_model(config, tokenizer, start: StartPoint, mesh: Mesh | None = None,
     if key in overrides:
       raise ValueError(f"config.model_overrides.{key}: set config.{key} instead (it applies "
                        "to presets and Hugging Face checkpoints alike)")
+  for key in _HF_RUN_OPTIONS:
+    if config.get(key) is not None:
+      if key in overrides:
+        raise ValueError(f"config.{key} and config.model_overrides.{key} are both set; "
+                         f"keep config.{key}")
+      overrides[key] = config.get(key)
   if start.kind == "init_from_hf":
     options = {k: overrides[k] for k in _HF_RUN_OPTIONS if k in overrides}
     model = load_hf(start.path, dtype=param_dtype, compute_dtype=dtype, mesh=mesh, rules=rules,

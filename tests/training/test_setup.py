@@ -141,3 +141,21 @@ def test_bf16_params_float32_moments_train_step_on_a_mesh(tokenizer):
   assert all(p.dtype == jnp.bfloat16 for p in after)
   assert any(not np.array_equal(b, np.asarray(a, np.float32)) for b, a in zip(before, after))
   assert [x.dtype for x in jax.tree.leaves(state)] == dtypes
+
+
+def test_run_option_keys_apply_to_presets_and_hf_starts(tokenizer, hf_dir):
+  """`config.scan_layers` / `remat_policy` / `logit_chunk_size` / `attention_impl` (unset by
+  default: the preset's) reach the model, for a preset and an HF checkpoint alike."""
+  options = dict(scan_layers=True, remat_policy="dots", logit_chunk_size=16,
+                 attention_impl="plain")
+  preset = run_setup.build_model(_config(), tokenizer, StartPoint("scratch"))
+  assert (preset.config.scan_layers, preset.config.remat_policy) == (False, "none")
+  for start in (StartPoint("scratch"), StartPoint("init_from_hf", path=str(hf_dir))):
+    model = run_setup.build_model(_config(**options), tokenizer, start)
+    assert {k: getattr(model.config, k) for k in options} == options, start.kind
+  config = _config(remat_policy="full")
+  config.model_overrides.remat_policy = "dots"
+  with pytest.raises(ValueError, match="config.remat_policy and config.model_overrides"):
+    run_setup.build_model(config, tokenizer, StartPoint("scratch"))
+  with pytest.raises(ValueError, match="remat_policy='sometimes'"):
+    run_setup.build_model(_config(remat_policy="sometimes"), tokenizer, StartPoint("scratch"))
