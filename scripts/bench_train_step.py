@@ -50,6 +50,11 @@ import time
 # steals the cores from the other engine's next phase (TRL's generate took 21 s
 # instead of 0.45 s here under a load of 3). Read once, when torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# GNU OpenMP still spins for GOMP_SPINCOUNT iterations before it sleeps: with
+# the default, our update took 0.61 s right after a TRL step against 0.31 s with
+# TRL skipped; with 0, 0.42 s (2026-12-04). Some interference remains: compare
+# with `--skip_trl` (docs/benchmarks.md).
+os.environ.setdefault("GOMP_SPINCOUNT", "0")
 
 import jax
 import jax.numpy as jnp
