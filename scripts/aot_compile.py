@@ -1,10 +1,13 @@
-r"""Compiles the GRPO train step and the sampler's decode loop for a preset and mesh, from shapes.
+r"""Compiles the GRPO update and the sampler's prefill and decode for a preset and mesh from shapes.
 
   python scripts/aot_compile.py --model=qwen3_8b --ici=fsdp=8 --batch=16 --prompt_len=256 \
       --completion_len=768
   python scripts/aot_compile.py --model=qwen3_8b --ici=fsdp=4,tensor=2 --sample_ici=tensor=8 \
       --param_dtype=bfloat16 --dtype=bfloat16
   python scripts/aot_compile.py --model=qwen3_8b --topology=v5p:2x2x2 ...   # needs libtpu
+  python scripts/aot_compile.py --model=qwen3_0p6b --ici=fsdp=1 --num_cpu_devices=1 \
+      --param_dtype=bfloat16 --dtype=bfloat16 --batch=16 --prompt_len=256 --completion_len=768 \
+      --moments_dtype=params --remat_policy=full --logit_chunk_size=128   # docs/benchmarks.md
 
 Nothing is materialised: parameters, optimizer state, batch and KV cache are
 `jax.ShapeDtypeStruct`s carrying their `NamedSharding`s, the steps are
@@ -15,6 +18,7 @@ hardware. On CPU the mesh is made of `--num_cpu_devices` fake devices.
 Prints one JSON line per program (bytes are per device):
   {"what": "train_step", "params_bytes": ..., "opt_state_bytes": ...,
    "temp_bytes": ..., "argument_bytes": ..., "output_bytes": ..., "compile_s": ...}
+  {"what": "prefill", "params_bytes": ..., "temp_bytes": ..., "compile_s": ...}
   {"what": "decode_step", "params_bytes": ..., "kv_cache_bytes": ..., "temp_bytes": ...}
 `params_bytes` / `opt_state_bytes` / `kv_cache_bytes` come from the shardings
 (shard shape × dtype); `temp_bytes` (activations and other temporaries),
@@ -26,8 +30,11 @@ speed, not memory, so its `temp_bytes` are an upper bound of what a GPU or
 TPU compile reports for the same program; compile on the target for the
 real figure.
 The train step is `make_train_step` (forward + backward + clipped AdamW) with
-the GRPO loss, as `experiments/grpo.py` runs it; the decode step is the
-sampler's `kernels.decode` loop over `--max_new_tokens` tokens.
+the GRPO loss, as `experiments/grpo.py` runs it (float32 Adam moments unless
+`--moments_dtype=params`; the preset's scan / remat / logit-chunk / attention
+settings unless a flag overrides them); the prefill is `kernels.prefill` of
+`--sample_batch` prompts, and the decode step the sampler's `kernels.decode`
+loop over `--max_new_tokens` tokens.
 """
 
 import functools
