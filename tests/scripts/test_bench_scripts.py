@@ -75,3 +75,15 @@ def test_bench_sampler_splits_the_host_and_compares_with_transformers():
   assert [r["case"] for r in ours] == ["n1", "n2"] and all(r["devices"] == 2 for r in ours)
   assert all(r["decode_tokens_per_s"] > 0 and r["ttft_s"] > 0 for r in rows if "engine" in r)
   assert all(r["decode_speedup"] > 0 for r in rows if r["what"] == "sampler_ratio")
+
+
+def test_bench_update_reports_mfu_and_a_torch_reference():
+  rows = _json_lines("bench_update.py", "--model=tiny", "--batch=2", "--prompt_len=8",
+                     "--completion_len=24", "--param_dtype=float32", "--dtype=float32",
+                     "--peak_tflops=0", "--matmul_n=128", "--steps=1", "--torch_reference")
+  assert [r["what"] for r in rows] == ["matmul_peak", "update", "update", "update_ratio"]
+  ours, theirs = rows[1], rows[2]
+  assert (ours["engine"], theirs["engine"]) == ("jaxrl_post", "torch")
+  assert ours["seq_len"] == 32 and ours["seconds"] > 0 and 0 < ours["mfu_in_run"]
+  assert ours["mfu"] is None  # --peak_tflops=0: only the in-run reference
+  assert rows[3]["speedup"] > 0
