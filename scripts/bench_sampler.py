@@ -41,7 +41,7 @@ from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.parallel import host
 from jaxrl_post.parallel.mesh import REPLICATED_RULES
 from jaxrl_post.sampling import Sampler
-from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
+from jaxrl_post.sampling.sampler import end_id_array, jitted_decode, jitted_prefill
 
 _MODEL = flags.DEFINE_string("model", "small", "Model preset.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Rows generated together.")
@@ -75,14 +75,14 @@ def _ours(model, prompts: np.ndarray, n: int, mesh) -> Callable[[], dict[str, fl
   t = _NEW_TOKENS.value
   cache_len = tokens.shape[1] + t
   static = sampler._static
-  end, stop = _end_ids([], "eos"), _end_ids([], "stop")
+  end, stop = end_id_array([], "eos"), end_id_array([], "stop")
 
   def prefill():
-    return jax.block_until_ready(_prefill(state, tokens, mask, cache_len=cache_len,
+    return jax.block_until_ready(jitted_prefill(state, tokens, mask, cache_len=cache_len,
                                           num_samples=n, **static))
 
   def decode(start):
-    return jax.block_until_ready(_decode(
+    return jax.block_until_ready(jitted_decode(
       state, start.cache, start.logits, start.positions, jax.random.key(0), end, stop,
       jnp.float32(1.0), jnp.float32(1.0), max_new_tokens=t, top_k=0, greedy=False,
       num_logprobs=0, pad_id=0, **static))

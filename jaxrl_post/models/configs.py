@@ -10,7 +10,7 @@ time then does not grow with depth. They also rematerialise each layer in the
 backward pass (`remat_policy="full"`) and score in logit chunks of 128
 positions (`logit_chunk_size`), so that an update at a real batch fits.
 `tiny` and `small` keep the unrolled layers, whose per-layer cache buffers
-decode measurably faster on CPU (DESIGN §5); `get_model_config(name,
+decode measurably faster on CPU (docs/benchmarks.md, Sampler); `get_model_config(name,
 scan_layers=...)` flips either.
 """
 
@@ -38,7 +38,7 @@ _REAL_SIZE = dict(scan_layers=True, remat_policy="full", logit_chunk_size=128)
 
 # `tiny` and `small` keep scan_layers=False (the default): the unrolled layers
 # with one cache buffer per layer are the faster decode path on CPU, where
-# these two presets run (DESIGN §5: ≈ 7.2k vs 4.2k tok/s).
+# these two presets run (measured ≈ 7.2k vs 4.2k tok/s with a stacked cache).
 @_preset("tiny")
 def tiny() -> ModelConfig:
   return ModelConfig(family="llama", vocab_size=256, embed_dim=64, num_layers=2, num_heads=4,

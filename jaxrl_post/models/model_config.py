@@ -103,7 +103,7 @@ class ModelConfig:
       parameters stacked on a leading `layers` axis (and a stacked KV cache),
       so compile time does not grow with depth; False keeps one Python-unrolled
       layer per block and one cache buffer per layer (faster decode on CPU,
-      DESIGN §5).
+      measured in docs/benchmarks.md).
     remat_policy: one of `REMAT_POLICIES`, how each layer is rematerialised
       in the backward pass: "none" (no `jax.checkpoint`), "full"
       (`jax.checkpoint` saving nothing but the layer's input; the backward

@@ -4,7 +4,7 @@ Parameters carry logical axis names (`jaxrl_post.parallel.axes`) in their
 `out_sharding` metadata; activations are constrained by name, which is a no-op
 unless the caller opens `parallel.axis_rules(mesh, rules)`.
 
-Layout choices (measured on XLA:CPU, see docs/benchmarks.md and DESIGN §5):
+Layout choices (measured on XLA:CPU, see docs/benchmarks.md):
   * q/k/v kernels are `[embed, heads, head_dim]`, so projections are single
     dot_generals and checkpoints map onto them with a reshape.
   * The KV cache is one key and one value buffer per layer, written in place
@@ -619,9 +619,10 @@ def stack_layer_params(state):
   Leaves may be `nnx.Variable`s or bare arrays, and values arrays or
   `jax.ShapeDtypeStruct`s.
 
-  Example:
-    >>> scanned = CausalLM(config.replace(scan_layers=True), rngs=nnx.Rngs(0))
-    >>> nnx.update(scanned, stack_layer_params(nnx.state(unrolled)))
+  Usage (`unrolled` a `CausalLM` of `config`):
+
+    scanned = CausalLM(config.replace(scan_layers=True), rngs=nnx.Rngs(0))
+    nnx.update(scanned, stack_layer_params(nnx.state(unrolled)))
   """
   kept, groups = [], {}
   for path, leaf in nnx.to_flat_state(state):

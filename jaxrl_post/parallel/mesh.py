@@ -478,7 +478,7 @@ def token_mean(values: jax.Array, mask: jax.Array, mesh: Mesh,
   """Σ values·mask / Σ mask over the whole batch: `values`, `mask` are `[batch, time]`.
 
   Each shard sums its rows, one `psum` adds the shards: the result equals
-  the single-device token-mean (DESIGN §2.3), while a mean of per-shard means
+  the single-device token-mean, while a mean of per-shard means
   would weight each shard equally whatever its token count.
   """
   def sums(v, m):

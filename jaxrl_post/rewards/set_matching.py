@@ -1,8 +1,8 @@
 """Set-level box matching: rewards and metrics for dense perception (Falcon Perception-HD).
 
 A rollout of a dense-perception policy is a *set* of boxes; its reward compares that set with the
-ground-truth set (Falcon Perception-HD, arXiv 2608.18881; formulas and evaluation protocol as
-summarised in shared/specs/seed000_five_papers.md §4.3 and §4.7, cited below as "spec").
+ground-truth set (Falcon Perception-HD, arXiv 2608.18881; its reward formulas and evaluation
+protocol, cited below as "spec" with the section numbers of the project's summary of the paper).
 
 Boxes are `[n, 4]` arrays in normalised centre format `(cx, cy, w, h)`. The paper writes its
 size token as `<size>(h, w)`: a decoder turning tokens into boxes must reorder it to `(w, h)`.

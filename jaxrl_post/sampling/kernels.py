@@ -204,7 +204,7 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
   the key `fold_in(fold_in(rng, i), first_row + r)`, so results depend neither
   on how many steps ran before an early exit nor on how the rows are split
   over devices (`first_row` is the global number of this call's first row
-  when each data shard runs its own loop, see `sampler._decode`).
+  when each data shard runs its own loop, see `sampler.jitted_decode`).
 
   Decoding runs in phases (`decode_phases`): phase j carries a cache cut to
   the slots written by its last step, so the attention of early steps does
@@ -215,7 +215,7 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
   returned cache has the input's shape. A stacked cache (`scan_layers`)
   goes through the layer scan each step, its `[layers, ...]` buffers in the
   scan's carry, so one layer's program serves all (the per-layer buffers of
-  unrolled layers decode faster on CPU, DESIGN §5).
+  unrolled layers decode faster on CPU, docs/benchmarks.md).
 
   Args:
     graphdef, state: the model.

@@ -48,7 +48,8 @@ def _bucket(size: int, buckets: Sequence[int]) -> int:
   return buckets[-1]
 
 
-def _end_ids(ids: Sequence[int], what: str) -> jax.Array:
+def end_id_array(ids: Sequence[int], what: str) -> jax.Array:
+  """`ids` as the fixed-size `int32[_MAX_END_IDS]` array the decode kernel takes (−1 padded)."""
   ids = list(ids)
   if len(ids) > _MAX_END_IDS:
     raise ValueError(f"at most {_MAX_END_IDS} {what} are supported, got {len(ids)}")
@@ -181,9 +182,9 @@ class Sampler:
     tokens, mask = self._put_batch(tokens, mask)
     n = n_samples_per_prompt
     cache_len = tokens.shape[1] + max_new_tokens
-    start = _prefill(state, tokens, mask, cache_len=cache_len, num_samples=n, **self._static)
-    out = _decode(state, start.cache, start.logits, start.positions, rng,
-                  _end_ids(self.eos_ids, "eos ids"), _end_ids(stop_tokens, "stop tokens"),
+    start = jitted_prefill(state, tokens, mask, cache_len=cache_len, num_samples=n, **self._static)
+    out = jitted_decode(state, start.cache, start.logits, start.positions, rng,
+                  end_id_array(self.eos_ids, "eos ids"), end_id_array(stop_tokens, "stop tokens"),
                   jnp.float32(temperature), jnp.float32(top_p), max_new_tokens=max_new_tokens,
                   top_k=top_k, greedy=greedy, num_logprobs=num_logprobs, pad_id=self.pad_id,
                   **self._static)
@@ -226,7 +227,7 @@ def _context(mesh, rules):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "cache_len",
                                              "num_samples"))
-def _prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_samples):
+def jitted_prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_samples):
   with _context(mesh, rules):
     return kernels.prefill(graphdef, state, tokens, mask, cache_len=cache_len,
                            num_samples=num_samples)
@@ -235,8 +236,8 @@ def _prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num_sampl
 # The cache is donated: decode updates it in place and returns it aliased.
 @functools.partial(jax.jit, donate_argnums=(1,), static_argnames=(
   "graphdef", "mesh", "rules", "max_new_tokens", "top_k", "greedy", "num_logprobs", "pad_id"))
-def _decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p, *,
-            graphdef, mesh, rules, max_new_tokens, top_k, greedy, num_logprobs, pad_id):
+def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p, *,
+                  graphdef, mesh, rules, max_new_tokens, top_k, greedy, num_logprobs, pad_id):
   """`kernels.decode`; under pure data parallelism, one loop per device.
 
   One global loop ends each step with a cross-device reduction (has every row

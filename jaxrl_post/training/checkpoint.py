@@ -1,4 +1,4 @@
-"""Orbax checkpoints with one resume policy (DESIGN §2.7).
+"""Orbax checkpoints with one resume policy (workdir, then resume, then init_from, then scratch).
 
   ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=3)
   ckpt.save(step, {"params": ..., "opt_state": ..., "rng": ...}, extra={"data": it_state})

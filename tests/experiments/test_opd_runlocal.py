@@ -80,7 +80,7 @@ def test_mixed_sft_then_open_mopd_with_sft_teachers_and_exact_resume(tmp_path):
   # score and the teachers' fixed `rows_per_call` score (shared by all teachers); sampling and
   # greedy evaluation (shared by the student and the RouteRL teachers, all domains).
   compiles = collections.Counter(re.findall(r"Compiling jit\((\w+)\)", result.stderr))
-  assert (compiles["step"], compiles["_score"], compiles["_decode"]) == (1, 2, 2), compiles
+  assert (compiles["step"], compiles["_score"], compiles["jitted_decode"]) == (1, 2, 2), compiles
   records = read_metrics(run)
   train = [r for r in records if "train/loss" in r]
   assert [r["step"] for r in train] == [1, 2, 3, 4]

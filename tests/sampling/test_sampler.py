@@ -24,7 +24,7 @@ from jaxrl_post.sampling import (
   rollout_metrics,
   scoring,
 )
-from jaxrl_post.sampling.sampler import _decode, _end_ids, _prefill
+from jaxrl_post.sampling.sampler import end_id_array, jitted_decode, jitted_prefill
 from jaxrl_post.tokenizers import CharTokenizer
 
 VOCAB = 32
@@ -217,11 +217,11 @@ def test_no_recompilation_within_a_bucket(model):
   sampler = Sampler(model, max_prompt_len=32, eos_ids=[])
   kw = dict(n_samples_per_prompt=2, max_new_tokens=6, rng=jax.random.key(5))
   sampler.generate(None, [[1, 2, 3], [4, 5]], **kw)
-  sizes = (_prefill._cache_size(), _decode._cache_size())
+  sizes = (jitted_prefill._cache_size(), jitted_decode._cache_size())
   # Other lengths (≤ 16), other prompt count (2 → same bucket), other values.
   sampler.generate(None, [[6] * 11, [7] * 16], temperature=0.3, top_p=0.9, stop_tokens=[4], **kw)
   sampler.generate(None, [[9]], **kw)  # batch bucket 1: one new compile of each kernel
-  assert (_prefill._cache_size(), _decode._cache_size()) == (
+  assert (jitted_prefill._cache_size(), jitted_decode._cache_size()) == (
     sizes[0] + 1, sizes[1] + 1)
 
 
@@ -365,15 +365,15 @@ def test_data_parallel_decode_runs_one_loop_per_device(model):
     sampler = Sampler(model, max_prompt_len=16, eos_ids=[eos], mesh=mesh, rules=REPLICATED_RULES)
     tokens, mask, _ = sampler._pad_prompts([[3, 4, 5], [7, 8], [3, 4, 5], [9]])
     tokens, mask = sampler._put_batch(tokens, mask)
-    start = _prefill(sampler._default_state, tokens, mask, cache_len=16 + budget, num_samples=1,
-                     **sampler._static)
+    start = jitted_prefill(sampler._default_state, tokens, mask, cache_len=16 + budget,
+                           num_samples=1, **sampler._static)
     args = (sampler._default_state, start.cache, start.logits, start.positions,
-            jax.random.key(3), _end_ids([eos], "eos"), _end_ids([], "stop"), jnp.float32(0.7),
-            jnp.float32(1.0))
+            jax.random.key(3), end_id_array([eos], "eos"), end_id_array([], "stop"),
+            jnp.float32(0.7), jnp.float32(1.0))
     kw = dict(max_new_tokens=budget, top_k=0, greedy=False, num_logprobs=2, pad_id=0,
               **sampler._static)
-    hlo = _decode.lower(*args, **kw).compile().as_text()
-    return _decode(*args, **kw), len(re.findall(r"all-reduce(?:-start)?\(", hlo))
+    hlo = jitted_decode.lower(*args, **kw).compile().as_text()
+    return jitted_decode(*args, **kw), len(re.findall(r"all-reduce(?:-start)?\(", hlo))
 
   reference, _ = run(None)
   local, reductions = run(mesh)
