@@ -19,7 +19,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxrl_post.training import rl
+from jaxrl_post.training.evaluation import paired_gain
 from jaxrl_post.training.metrics import read_eval_outcomes, read_metrics
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/jaxrl_post_quickstart", "Where both runs go.")
@@ -85,7 +85,7 @@ def main(argv):
       (f"sample accuracy (T = 1, {samples} per prompt; what RL maximises)", "sample_correct",
        "eval/sample_accuracy"),
       ("greedy accuracy", "greedy_correct", "eval/accuracy")):
-    gain, se = rl.paired_gain(first[key], last[key])
+    gain, se = paired_gain(first[key], last[key])
     print(f"held-out {name}: {before[metric]:.3f} before RL → {after[metric]:.3f} after "
           f"{after['step']} GRPO steps ({100 * gain:+.1f} ± {100 * se:.1f} points, paired "
           f"over {len(first[key])} prompts)")

@@ -54,8 +54,8 @@ from jaxrl_post.parallel import axes
 from jaxrl_post.parallel import mesh as mesh_lib
 from jaxrl_post.parallel.axes import axis_rules, logical_sharding, state_shardings
 from jaxrl_post.sampling import kernels
-from jaxrl_post.training import rl
 from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.objectives import make_policy_loss
 from jaxrl_post.training.train_state import TrainState, make_train_step, train_state_shardings
 
 _MODEL = flags.DEFINE_string("model", "qwen3_8b", "Model preset.")
@@ -174,7 +174,7 @@ def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> d
     old_logp=_batch_struct(mesh, rules, (b, t), jnp.float32),
     num_tokens=jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated),
     num_sequences=jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated))
-  step = make_train_step(graphdef, rl.make_policy_loss(policy_loss="grpo"), optimizer,
+  step = make_train_step(graphdef, make_policy_loss(policy_loss="grpo"), optimizer,
                          num_micro_batches=_MICRO.value, mesh=mesh, rules=rules,
                          shared=("num_tokens", "num_sequences"))
   compiled, times = _compile(step, state, batch)

@@ -65,10 +65,12 @@ from ml_collections import config_flags
 
 from jaxrl_post import advantages as advantages_lib
 from jaxrl_post.benchmarking import matmul_peak
+from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler
-from jaxrl_post.training import rl
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import StartPoint
+from jaxrl_post.training.objectives import make_policy_loss
+from jaxrl_post.training.ppo import ppo_mini_batches
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo_arith.py", "GRPO config.")
@@ -209,7 +211,7 @@ def main(argv):
   tokenizer = run_setup.build_tokenizer(config)
   model = run_setup.build_model(config, tokenizer, StartPoint("scratch"))
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
-  loss_fn = rl.make_policy_loss(policy_loss=config.loss.name, temperature=config.temperature,
+  loss_fn = make_policy_loss(policy_loss=config.loss.name, temperature=config.temperature,
                                 **loss_kwargs)
   optimizer = run_setup.build_optimizer(config, 1000)
   state = create_train_state(model, optimizer, jax.random.key(config.seed))
@@ -233,7 +235,7 @@ def main(argv):
                      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                      rng=jax.random.key(step))
     tic = time.perf_counter()
-    correct, fmt, _ = rl.rewards_for(task, records, sampler.decode_text(rollout), g)
+    correct, fmt, _ = rewards_for(task, records, sampler.decode_text(rollout), g)
     adv = advantage_fn(jnp.asarray(np.stack([correct, fmt], 1)), rollout.group_ids,
                        num_groups=len(records), eps=config.advantage_eps)
     timings["time/reward"] = time.perf_counter() - tic
@@ -250,7 +252,7 @@ def main(argv):
     tic = time.perf_counter()
     shuffle = np.random.default_rng(step)
     for _ in range(config.ppo_epochs):
-      for mini_batch in rl.ppo_mini_batches(batch, config.ppo_mini_batches, shuffle):
+      for mini_batch in ppo_mini_batches(batch, config.ppo_mini_batches, shuffle):
         state, metrics = step_fn(state, mini_batch)
     jax.block_until_ready(metrics)
     timings["time/update"] = time.perf_counter() - tic

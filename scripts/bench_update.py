@@ -7,7 +7,7 @@ r"""One GRPO update at a real size: seconds, MFU and peak device memory, with a 
 
 The update is the one the binaries run: `make_train_step` (forward + backward
 + clipped AdamW, float32 moments unless `--moments_dtype=params`) with the
-GRPO loss (`rl.make_policy_loss`), on random tokens and weights, with the
+GRPO loss (`training.objectives.make_policy_loss`), on random tokens and weights, with the
 preset's scan / remat / logit-chunk / attention settings unless a flag
 overrides them. Prints JSON lines:
 
@@ -46,7 +46,7 @@ from flax import nnx
 from jaxrl_post.benchmarking import matmul_peak
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.models.hf import config_to_hf
-from jaxrl_post.training import rl
+from jaxrl_post.training.objectives import make_policy_loss
 from jaxrl_post.training.setup import with_float32_state
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
@@ -109,7 +109,7 @@ def _ours(config, reference):
     optimizer = with_float32_state(optimizer)
   state = create_train_state(model, optimizer, jax.random.key(0))
   del model  # The train state holds its own copy of the parameters.
-  step = make_train_step(graphdef, rl.make_policy_loss(policy_loss="grpo"), optimizer,
+  step = make_train_step(graphdef, make_policy_loss(policy_loss="grpo"), optimizer,
                          num_micro_batches=_MICRO.value, shared=("num_tokens", "num_sequences"))
   batch = _batch(config, np.random.default_rng(0))
   tic = time.perf_counter()

@@ -8,6 +8,7 @@ from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
 from jaxrl_post.losses.aggregation import Normalizers as Normalizers
 from jaxrl_post.losses.aggregation import aggregate as aggregate
 from jaxrl_post.losses.aggregation import loss_normalizers as loss_normalizers
+from jaxrl_post.losses.aggregation import nll_loss as nll_loss
 from jaxrl_post.losses.distillation import OPD_REWARDS as OPD_REWARDS
 from jaxrl_post.losses.distillation import DomainMetrics as DomainMetrics
 from jaxrl_post.losses.distillation import DomainStats as DomainStats

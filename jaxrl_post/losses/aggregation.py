@@ -158,3 +158,16 @@ def aggregate(
   if max_tokens <= 0:
     raise ValueError(f"max_tokens must be positive, got {max_tokens}")
   return agg_fn(values, mask, num_tokens, num_sequences, max_tokens)
+
+
+def nll_loss(logp: jax.Array, mask: jax.Array, num_tokens: ArrayLike | None = None
+             ) -> jax.Array:
+  """Teacher-forced negative log-likelihood per token: −Σ_{i,t} m·log π(y_t) / N_tok.
+
+  The SFT loss of every method. `logp`, `mask`: `[batch, time]` (the log-probs of the target
+  tokens and which of them count); `num_tokens` the whole batch's count, so micro-batches add
+  up (default: `mask.sum()`).
+  """
+  if num_tokens is None:
+    num_tokens = jnp.sum(mask)
+  return -jnp.sum(_masked(logp, mask)) / _safe(num_tokens)

@@ -589,6 +589,14 @@ class OPDTopKAux(NamedTuple):
   adv_abs_mean: jax.Array  # Token-mean of |Σ_k A| (after domain weights).
   staleness_kl: jax.Array  # Token-mean KL(p̃_old ‖ p̃_cur) on the top-K support.
 
+  # The fields that add up over micro-batches (normalised by the global `num_tokens`).
+  ADDITIVE = ("pg_loss", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
+              "ratio_mean", "reward_mean", "adv_abs_mean", "staleness_kl")
+
+  def additive(self) -> dict[str, jax.Array]:
+    """The additive fields, as a metrics dict for `make_train_step`."""
+    return {k: getattr(self, k) for k in self.ADDITIVE}
+
 
 @functools.partial(
   jax.jit,

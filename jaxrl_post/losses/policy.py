@@ -61,6 +61,15 @@ class PolicyLossAux(NamedTuple):
   sampler_weight_min: jax.Array | None
   sampler_weight_max: jax.Array | None
 
+  # The fields that add up over micro-batches (means over the global `num_tokens`, like the
+  # loss); the `*_min` / `*_max` fields would need min / max and are not summed.
+  ADDITIVE = ("pg_loss", "kl_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high",
+              "clip_frac_dual", "ratio_mean", "sampler_weight_mean")
+
+  def additive(self) -> dict[str, jax.Array]:
+    """The additive fields that were computed, as a metrics dict for `make_train_step`."""
+    return {k: getattr(self, k) for k in self.ADDITIVE if getattr(self, k) is not None}
+
 
 def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
   if value not in valid:

@@ -23,7 +23,7 @@ per-domain counts are fixed, and rows_per_call = the largest quota wastes only t
 `rows_per_call` are scored in several calls of the same shape.
 
 Inner updates and refresh (spec §1.4 (f), §1.5). The rollout batch is split into K shuffled
-mini-batches (`rl.ppo_mini_batches`), one optimizer step each. Before the split, the domain
+mini-batches (`ppo.ppo_mini_batches`), one optimizer step each. Before the split, the domain
 weights are computed once from statistics of the *whole* batch (`rollout_domain_weights`) and
 stored per row, so any split (mini-batches, micro-batches, devices) sees the full-batch weights.
 Inside the loss (`make_opd_loss`), the forward pass that the gradient needs gives the current
@@ -56,9 +56,10 @@ from jaxrl_post import losses
 from jaxrl_post.losses import distillation
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.registry import Registry
+from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler, score_model
 from jaxrl_post.tasks.base import Task
-from jaxrl_post.training import rl
+from jaxrl_post.training import ppo
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, resolve_start
 
 # ---------------------------------------------------------------------------------------------
@@ -392,11 +393,6 @@ def rollout_domain_weights(mask, domain_ids, rewards, *, num_domains: int, metho
 # The loss and the inner updates.
 # ---------------------------------------------------------------------------------------------
 
-# OPDTopKAux fields normalised by the global token count: they add up over micro-batches.
-_ADDITIVE_AUX = ("pg_loss", "clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
-                 "ratio_mean", "reward_mean", "adv_abs_mean", "staleness_kl")
-
-
 def make_opd_loss(*, num_domains: int, temperature: float = 1.0, refresh: bool = True,
                   epsilon_low: float = 0.2, epsilon_high: float = 0.28,
                   dual_clip_c: float | None = 3.0, max_log_ratio: float | None = 20.0):
@@ -426,7 +422,7 @@ def make_opd_loss(*, num_domains: int, temperature: float = 1.0, refresh: bool =
       current, old, teacher, mask, seq_weights=batch["seq_weights"], refresh=refresh,
       epsilon_low=epsilon_low, epsilon_high=epsilon_high, dual_clip_c=dual_clip_c,
       max_log_ratio=max_log_ratio, num_tokens=batch["num_tokens"])
-    metrics = {k: getattr(aux, k) for k in _ADDITIVE_AUX}
+    metrics = aux.additive()
 
     # Per-domain diagnostics of this update (no gradient): the reward the loss used, its
     # staleness and clip fraction, as sums over the micro-batch.
@@ -456,7 +452,7 @@ def inner_updates(step_fn, state, batch: Mapping[str, Any], num_updates: int,
     The new state and one host-side metrics dict per update.
   """
   updates = []
-  for mini_batch in rl.ppo_mini_batches(batch, num_updates, rng):
+  for mini_batch in ppo.ppo_mini_batches(batch, num_updates, rng):
     state, metrics = step_fn(state, mini_batch)
     updates.append(jax.device_get(metrics))
   return state, updates
@@ -466,13 +462,13 @@ def update_metrics(updates: Sequence[Mapping[str, Any]], domains: Sequence[str]
                    ) -> dict[str, float]:
   """One step's metrics from its K updates.
 
-  Scalars: the mean over updates (counters as in `rl.mean_update_metrics`), plus
+  Scalars: the mean over updates (counters as in `ppo.merge_update_metrics`), plus
   `staleness_kl_last` (the last update's, the stalest). Per-domain sums become
   `<domain>/staleness_kl`, `<domain>/clip_frac` and `<domain>/update_mean_abs_reward`,
   token-weighted over all updates.
   """
   scalars = [{k: float(v) for k, v in u.items() if np.ndim(v) == 0} for u in updates]
-  merged = rl.mean_update_metrics(scalars)
+  merged = ppo.merge_update_metrics(scalars)
   merged["staleness_kl_last"] = scalars[-1]["staleness_kl"]
   total = {k: np.sum([np.asarray(u[k], np.float64) for u in updates], axis=0)
            for k in ("domain_tokens", "domain_abs_reward", "domain_staleness", "domain_clipped")}
@@ -530,7 +526,7 @@ def evaluate_domains(sampler: Sampler, params_of_domain: Callable[[str], Any], t
   for domain, rows in records.items():
     greedy = sampler.generate(params_of_domain(domain), [r["prompt"] for r in rows],
                               max_new_tokens=max_new_tokens, greedy=True)
-    correct, fmt, _ = rl.rewards_for(task, rows, sampler.decode_text(greedy), 1,
+    correct, fmt, _ = rewards_for(task, rows, sampler.decode_text(greedy), 1,
                                      timeout_s=timeout_s)
     metrics[f"{domain}/accuracy"] = float(np.nanmean(correct))
     metrics[f"{domain}/format"] = float(np.nanmean(fmt))

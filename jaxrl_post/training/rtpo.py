@@ -51,11 +51,6 @@ from jaxrl_post.training.train_state import TrainState, make_train_step
 METHODS = ("flat_grpo", "turn_grpo", "rtpo")
 CONTINUATIONS = ("on_policy", "off_policy")
 
-# Loss metrics that add up over micro-batches (normalised by the whole batch's counts).
-_ADDITIVE_AUX = ("pg_loss", "kl_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high",
-                 "ratio_mean")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MethodConfig:
   """The training method and its knobs.
@@ -353,7 +348,7 @@ def batch_loss(logp: jax.Array, batch: Mapping[str, jax.Array], *, loss: str,
     logp, batch["old_logp"], adv, batch["loss_mask"], ref_logp=batch.get("ref_logp"),
     entropy=entropy, num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"],
     **kwargs)
-  return value, {k: getattr(aux, k) for k in _ADDITIVE_AUX if getattr(aux, k) is not None}
+  return value, aux.additive()
 
 
 def _mean_metrics(updates: Sequence[Mapping[str, Any]]) -> dict[str, float]:

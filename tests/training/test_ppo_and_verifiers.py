@@ -6,7 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from jaxrl_post.training import rl
+from jaxrl_post.rewards import verifiers
+from jaxrl_post.sampling import score_model
+from jaxrl_post.training import evaluation, objectives, ppo
 from jaxrl_post.training.metrics import MetricWriter, read_metrics
 
 
@@ -24,11 +26,11 @@ class _FlakyTask:
 def test_raising_and_hanging_verifiers_become_missing_rewards():
   texts = ["ok", "boom", "hang", "no"]
   tic = time.perf_counter()
-  correct, fmt, failures = rl.rewards_for(_FlakyTask(), [{}, {}], texts, 2, timeout_s=0.2)
+  correct, fmt, failures = verifiers.rewards_for(_FlakyTask(), [{}, {}], texts, 2, timeout_s=0.2)
   assert time.perf_counter() - tic < 5  # the hang was cut at 0.2 s
   np.testing.assert_array_equal(correct, [1.0, np.nan, np.nan, 0.0])
   np.testing.assert_array_equal(fmt, [1.0, np.nan, np.nan, 1.0])
-  assert failures == rl.RewardFailures(errors=1, timeouts=1) and failures.total == 2
+  assert failures == verifiers.RewardFailures(errors=1, timeouts=1) and failures.total == 2
 
 
 def test_ppo_mini_batches_partition_rows_with_their_own_normalizers():
@@ -37,7 +39,7 @@ def test_ppo_mini_batches_partition_rows_with_their_own_normalizers():
   for i in range(rows):
     mask[i, :i % 5 + 1] = True  # 1..5 tokens per row
   batch = {"completion_mask": mask, "adv": np.arange(rows, dtype=np.float32)}
-  parts = rl.ppo_mini_batches(batch, 4, np.random.default_rng(0))
+  parts = ppo.ppo_mini_batches(batch, 4, np.random.default_rng(0))
   assert len(parts) == 4
   seen = np.sort(np.concatenate([np.asarray(p["adv"]) for p in parts]))
   np.testing.assert_array_equal(seen, np.arange(rows))  # every rollout exactly once
@@ -46,16 +48,16 @@ def test_ppo_mini_batches_partition_rows_with_their_own_normalizers():
     assert float(part["num_tokens"]) == part["completion_mask"].sum()
     assert float(part["num_sequences"]) == 2
   # One mini-batch is the whole batch in its original order.
-  (whole,) = rl.ppo_mini_batches(batch, 1, np.random.default_rng(0))
+  (whole,) = ppo.ppo_mini_batches(batch, 1, np.random.default_rng(0))
   np.testing.assert_array_equal(whole["adv"], batch["adv"])
   with pytest.raises(ValueError, match="ppo_mini_batches=3"):
-    rl.ppo_mini_batches(batch, 3, np.random.default_rng(0))
+    ppo.ppo_mini_batches(batch, 3, np.random.default_rng(0))
 
 
 def test_mean_update_metrics_keeps_counters():
   updates = [{"loss": 1.0, "skipped": 0.0, "nonfinite_streak": 0.0},
              {"loss": 3.0, "skipped": 1.0, "nonfinite_streak": 1.0}]
-  assert rl.mean_update_metrics(updates) == {"loss": 2.0, "skipped": 1.0,
+  assert ppo.merge_update_metrics(updates) == {"loss": 2.0, "skipped": 1.0,
                                              "nonfinite_streak": 1.0, "num_updates": 2.0}
 
 
@@ -95,7 +97,7 @@ def _rollout_batch(lengths, width=72, rows_prompt=4):
 ])
 def test_trim_completions_widths(lengths, multiple, width):
   batch = _rollout_batch(lengths)
-  trimmed = rl.trim_completions(batch, multiple)
+  trimmed = ppo.trim_completions(batch, multiple)
   assert trimmed["completion_tokens"].shape[1] == trimmed["completion_mask"].shape[1] == width
   assert trimmed["completion_mask"].sum() == batch["completion_mask"].sum()  # no token lost
   np.testing.assert_array_equal(trimmed["prompt_tokens"], batch["prompt_tokens"])
@@ -110,19 +112,19 @@ def test_trimmed_batch_gives_the_same_loss_and_gradient(mode):
   from jaxrl_post.models import CausalLM, get_model_config
 
   model = CausalLM(get_model_config("tiny", vocab_size=24), rngs=nnx.Rngs(0))
-  loss_fn = rl.make_policy_loss(policy_loss="grpo", loss_agg_mode=mode, max_tokens=72)
+  loss_fn = objectives.make_policy_loss(policy_loss="grpo", loss_agg_mode=mode, max_tokens=72)
   graphdef, params = nnx.split(model)
 
   def loss_and_grad(batch):
-    batch = rl.with_normalizers(batch)
-    scored = rl.score_model(model, batch["prompt_tokens"], batch["prompt_mask"],
+    batch = ppo.with_normalizers(batch)
+    scored = score_model(model, batch["prompt_tokens"], batch["prompt_mask"],
                             batch["completion_tokens"], batch["completion_mask"])
     batch["old_logp"] = jax.lax.stop_gradient(scored.logp) - 0.05  # ratios ≠ 1: clipping acts
     return jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), batch)[0])(params)
 
   full = _rollout_batch((3, 19, 7, 11), width=40)
   loss, grads = loss_and_grad(full)
-  loss_t, grads_t = loss_and_grad(rl.trim_completions(full, 8))
+  loss_t, grads_t = loss_and_grad(ppo.trim_completions(full, 8))
   np.testing.assert_allclose(loss_t, loss, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads_t), jax.tree.leaves(grads)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
@@ -150,10 +152,10 @@ def test_paired_gain_golden():
   # d̄ = 1/3, std(d, ddof=1) = √(1/12) = 0.2887, SE = 0.2887 / √3 = 0.1667.
   before = np.array([[1, 0], [0, 0], [1, 1]], np.float32)
   after = np.array([[1, 1], [1, 0], [1, 1]], np.float32)
-  gain, se = rl.paired_gain(before, after)
+  gain, se = evaluation.paired_gain(before, after)
   np.testing.assert_allclose([gain, se], [1 / 3, 1 / 6], rtol=1e-6)
   # A prompt whose verifier failed in every sample drops out of the pairing.
-  gain, _ = rl.paired_gain(np.array([0.0, np.nan, 1.0]), np.array([1.0, 1.0, 1.0]))
+  gain, _ = evaluation.paired_gain(np.array([0.0, np.nan, 1.0]), np.array([1.0, 1.0, 1.0]))
   assert gain == 0.5
   with pytest.raises(ValueError, match="same prompts"):
-    rl.paired_gain(np.zeros(3), np.zeros(4))
+    evaluation.paired_gain(np.zeros(3), np.zeros(4))

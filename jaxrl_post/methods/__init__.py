@@ -1,0 +1,14 @@
+"""One room per method: what each method's step, evaluation and report do on the one loop.
+
+A method is a plain object with the hooks of `jaxrl_post.training.loop.Method`; its binary in
+`experiments/` is a docstring with the commands and `loop.train(config, workdir, Method(config))`.
+The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
+`jaxrl_post.rewards`; rollouts in `jaxrl_post.sampling`.
+
+  grpo        GRPO-family RL on a verifiable task (any registered policy loss / advantage)
+  sft         teacher-forced SFT on a task's demonstrations
+  opd         multi-teacher on-policy distillation (Open-MOPD, arXiv 2608.19098)
+  rtpo        multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO
+  perception  dense detection SFT + set-reward GRPO (Falcon Perception-HD, arXiv 2608.18881)
+  pcqa        point-cloud quality assessment (PCQA-R1, arXiv 2608.18627)
+"""

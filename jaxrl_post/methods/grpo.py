@@ -1,0 +1,230 @@
+"""GRPO-family RL on a verifiable task: prompts → rollouts → rewards → advantages → PPO phase.
+
+The policy loss, the advantage estimator and the KL term are picked by name in the config
+(`config.loss.name` from `losses.POLICY_LOSSES`, `config.advantage` from
+`advantages.ADVANTAGES`, `config.loss.beta`), so GRPO (arXiv 2402.03300), Dr.GRPO
+(2503.20783), DAPO's token-mean (2503.14476), GSPO (2507.18071), CISPO, SAPO, RLOO and the
+rest are this one method with different names. One step:
+
+  1. `prompts_per_step` prompts from this process's data shards, gathered into the global batch;
+  2. `group_size` completions each from the sampler (its own mesh or the trainer's);
+  3. the task's verifier rewards them (`rewards.verifiers.rewards_for`), weighted over
+     `config.reward_weights`, and the advantage estimator turns rewards into `adv` `[rows]`;
+  4. the trainer scores the old policy (and the frozen reference when β > 0) on its own mesh;
+  5. `ppo_epochs × ppo_mini_batches` updates (`training.ppo.ppo_phase`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_post import advantages as advantages_lib
+from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel.mesh import put_batch
+from jaxrl_post.parallel.reshard import reshard_state
+from jaxrl_post.rewards.verifiers import rewards_for
+from jaxrl_post.sampling import Sampler, rollout_metrics
+from jaxrl_post.tasks import data as task_data
+from jaxrl_post.training import loop, ppo
+from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.evaluation import evaluate
+from jaxrl_post.training.metrics import write_eval_outcomes
+from jaxrl_post.training.objectives import make_policy_loss
+from jaxrl_post.training.train_state import make_train_step
+
+ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
+
+
+def global_records(data_iter, keys: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """The step's global batch of records on every process (each process read its own shards).
+
+  The loader yields this process's columns; they become records and are concatenated across
+  processes in process order (`multihost.allgather_records`).
+  """
+  columns = next(data_iter)
+  keys = list(columns) if keys is None else list(keys)
+  local = [{k: columns[k][i] for k in keys} for i in range(len(columns[keys[0]]))]
+  return multihost.allgather_records(local)
+
+
+def task_loader(config, task, batch_size: int) -> task_data.ShardedLoader:
+  """The train split of `task`, `batch_size` records per step in all, read in
+  `config.data_shards` logical shards of which this process reads its own."""
+  source = task_data.TaskSource(task, "train", config.num_train_examples)
+  return task_data.ShardedLoader(source, global_batch_size=batch_size,
+                                 num_shards=config.data_shards, seed=config.seed)
+
+
+class TaskEvaluator:
+  """Held-out greedy accuracy, pass@k and sampled accuracy on `config.eval_examples` prompts.
+
+  Decodes with the sampler's layout of the parameters (`reshard_state`: in place when
+  colocated, a copy when the sampler has devices of its own), and writes the per-prompt
+  outcomes to `workdir/eval_outcomes/` so that two steps compare pairwise
+  (`training.evaluation.paired_gain`).
+  """
+
+  def __init__(self, run: loop.Run, task, sampler: Sampler, *, max_new_tokens: int,
+               pass_k: int, temperature: float = 1.0, timeout_s: float | None = None):
+    self.run, self.task, self.sampler = run, task, sampler
+    self.records = [task.make_example("test", i) for i in range(run.config.eval_examples)]
+    self.max_new_tokens, self.pass_k = max_new_tokens, pass_k
+    self.temperature, self.timeout_s = temperature, timeout_s
+
+  def sampler_params(self, params):
+    placement = self.run.placement
+    return reshard_state(params, placement.sample_mesh, placement.sample_rules)
+
+  def __call__(self, params, step: int) -> dict[str, float]:
+    evaluation = evaluate(self.sampler, self.sampler_params(params)[0], self.task, self.records,
+                          max_new_tokens=self.max_new_tokens, k=self.pass_k,
+                          temperature=self.temperature, rng=jax.random.key(step),
+                          timeout_s=self.timeout_s)
+    write_eval_outcomes(self.run.workdir, step, greedy_correct=evaluation.greedy_correct,
+                        sample_correct=evaluation.sample_correct)
+    return {f"eval/{k}": v for k, v in evaluation.metrics.items()}
+
+
+class GRPO:
+  """GRPO-family RL on `config.task` (configs/grpo_*.py); a `training.loop.Method`."""
+
+  name = "grpo"
+
+  def __init__(self, config):
+    self.config = config
+    self.updates_per_step = config.ppo_epochs * config.ppo_mini_batches
+    self.data_iter = None
+
+  def build_model(self, run: loop.Run):
+    config = self.config
+    self.task, self.tokenizer, _, model = run_setup.build_run(
+      config, str(run.workdir), run.train_mesh, run.train_rules)
+    loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
+    # Dr.GRPO's fixed denominator is the generation budget, not the (trimmed) width.
+    loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
+    try:
+      self.loss_fn = make_policy_loss(policy_loss=config.loss.name,
+                                      temperature=config.temperature, **loss_kwargs)
+      self.advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
+    except KeyError as e:
+      raise ValueError(f"config.loss.name / config.advantage: {e}") from None
+    rollouts = config.prompts_per_step * config.group_size
+    if rollouts % (config.ppo_mini_batches * config.num_micro_batches):
+      raise ValueError(f"config.ppo_mini_batches ({config.ppo_mini_batches}) × "
+                       f"config.num_micro_batches ({config.num_micro_batches}) must divide the "
+                       f"{rollouts} rollouts per step (prompts_per_step × group_size)")
+    self.reward_names = list(config.reward_weights)
+    self.reward_weights = jnp.asarray([config.reward_weights[k] for k in self.reward_names],
+                                      jnp.float32)
+    self.model = model
+    return model
+
+  def start(self, run: loop.Run, state) -> None:
+    config, placement = self.config, run.placement
+    self.run = run
+    self.step_fn = make_train_step(run.graphdef, self.loss_fn, run.optimizer,
+                                   num_micro_batches=config.num_micro_batches,
+                                   mesh=run.train_mesh, rules=run.train_rules,
+                                   shared=("num_tokens", "num_sequences"))
+    # Without a KL term (β = 0, the default) no reference is kept: a frozen copy would cost a
+    # whole model of device memory for nothing. It is the starting policy, in the trainer's
+    # layout, also after a restart.
+    self.reference = (jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None)
+    self.data_iter = iter(task_loader(config, self.task, config.prompts_per_step))
+    model = self.model
+    self.sampler = Sampler(model, self.tokenizer, max_prompt_len=config.prompt_len,
+                           mesh=placement.sample_mesh, rules=placement.sample_rules)
+    # Old-policy and reference log-probs are scored by the trainer, on its mesh and in its
+    # layout: `old_logp` then comes from the same parameters and sharding as the update's
+    # forward pass (the first PPO ratio is 1 up to float noise), and `rollout/logp_*` measure
+    # the sampler / trainer mismatch they are meant to.
+    self.scorer = Sampler(model, self.tokenizer, max_prompt_len=config.prompt_len,
+                          mesh=run.train_mesh, rules=run.train_rules)
+    self.evaluator = TaskEvaluator(run, self.task, self.sampler,
+                                   max_new_tokens=config.max_new_tokens,
+                                   pass_k=config.eval_pass_k, temperature=config.temperature,
+                                   timeout_s=config.reward_timeout_s)
+    self.rng = jax.random.key(config.seed + 1)
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"data": self.data_iter.get_state()}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    if "data" in state:
+      self.data_iter.set_state(state["data"])
+
+  def rollout(self, state, records, step: int, timings: dict[str, float]):
+    """`group_size` completions per record, sampled with the sampler's copy of the policy."""
+    config = self.config
+    # A re-layout in place when colocated, a device-to-device copy when disaggregated; it may
+    # alias `state.params`, which the update donates, so it is made afresh each step.
+    params, timings["time/reshard"] = self.evaluator.sampler_params(state.params)
+    tic = time.perf_counter()
+    rollout = self.sampler.generate(
+      params, [r["prompt"] for r in records], n_samples_per_prompt=config.group_size,
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+      top_k=config.top_k, top_p=config.top_p, rng=jax.random.fold_in(self.rng, step))
+    rollout.completion_tokens.block_until_ready()
+    timings["time/generate"] = time.perf_counter() - tic
+    return rollout
+
+  def score(self, params, inputs) -> jax.Array:
+    return self.scorer.score(params, **inputs, temperature=self.config.temperature,
+                             num_micro_batches=self.config.score_micro_batches).logp
+
+  def step(self, state, step: int):
+    config, run = self.config, self.run
+    timings: dict[str, float] = {}
+    records = global_records(self.data_iter)
+    rollout = self.rollout(state, records, step, timings)
+    texts = self.sampler.decode_text(rollout)
+    correct, fmt, failures = rewards_for(self.task, records, texts, config.group_size,
+                                         timeout_s=config.reward_timeout_s)
+    rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in self.reward_names],
+                       axis=1)
+    adv = self.advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
+                            eps=config.advantage_eps, reward_weights=self.reward_weights)
+    tic = time.perf_counter()
+    # To the host (the rollout may sit on the sampler's devices, or on other processes), then
+    # onto the trainer's mesh, rows split over its batch axes.
+    batch = ppo.trim_completions(multihost.to_host(dict(
+      {k: getattr(rollout, k) for k in ROLLOUT_KEYS}, adv=adv)), config.trim_completions_to)
+    inputs = put_batch({k: batch[k] for k in ROLLOUT_KEYS}, run.train_mesh, run.train_rules)
+    old_logp = self.score(state.params, inputs)
+    batch["old_logp"] = multihost.to_host(old_logp)
+    timings["time/score"] = time.perf_counter() - tic
+    if self.reference is not None:
+      tic = time.perf_counter()
+      batch["ref_logp"] = multihost.to_host(self.score(self.reference, inputs))
+      timings["time/reference"] = time.perf_counter() - tic
+    tic = time.perf_counter()
+    state, updates = ppo.ppo_phase(
+      self.step_fn, state, batch, epochs=config.ppo_epochs, mini_batches=config.ppo_mini_batches,
+      rng=np.random.default_rng([config.seed, step]),
+      put=lambda b: put_batch(b, run.train_mesh, run.train_rules))
+    timings["time/update"] = time.perf_counter() - tic
+    record = {f"train/{k}": v for k, v in ppo.merge_update_metrics(updates).items()}
+    record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old_logp).items()})
+    tokens = int(batch["completion_mask"].sum())
+    record.update({"train/reward_correct": float(np.nanmean(correct)),
+                   "train/reward_format": float(np.nanmean(fmt)),
+                   "train/reward_failures": failures.total,
+                   "train/reward_errors": failures.errors,
+                   "train/reward_timeouts": failures.timeouts,
+                   "train/tokens_per_s": tokens / sum(timings.values()), **timings})
+    return state, record
+
+  def evaluate(self, state, step: int) -> dict[str, float]:
+    return self.evaluator(state.params, step)
+
+  def progress(self, record):
+    return {"reward": record["train/reward_correct"], "tok_s": record["train/tokens_per_s"]}
+
+  def summary(self, records) -> str:
+    return loop.eval_summary(records, "eval/accuracy", "held-out accuracy")

@@ -1,0 +1,245 @@
+"""The one training loop: every method's run, from start-up to the final summary.
+
+    from jaxrl_post.methods.grpo import GRPO
+    loop.train(config, workdir, GRPO(config))
+
+`train` owns everything that is the same for every method: joining the other processes
+(`jax.distributed`), the trainer's and the sampler's meshes, the model's parameters born
+sharded, the optimizer and the train state, the resume policy, the metric writer, the
+evaluation / logging / checkpoint cadence, the progress bar, preemption (SIGTERM / SIGINT save
+a checkpoint and stop), a dead peer process (a clear exit), too many non-finite updates in a
+row (an error), and the summary printed at the end. A method brings only what is its own: a
+`Method` (below) — how to build its model, what one step does, how to evaluate, which state of
+its own must survive a restart.
+
+Order at start-up, and why:
+
+  1. `jax.distributed`, then the meshes (`config.mesh`): a mesh that does not fit the devices
+     fails before anything is built, naming the `config.mesh.*` key.
+  2. `method.build_model(run)`: validates the method's config and builds the policy on the
+     trainer's mesh.
+  3. The optimizer (`config.optimizer`, decayed over `steps × method.updates_per_step`
+     updates) and the train state, born sharded.
+  4. The run's *starting point* is restored (`init_from` / `resume`), then
+     `method.start(run, state)` sees the starting policy — a frozen reference or a teacher
+     copied here is the same whether or not the run was restarted — and then this workdir's
+     own checkpoint, if any, is applied on top, with the method's saved state
+     (`method.load_state_dict`).
+  5. Evaluation at step 0 (unless `config.eval_at_start` is False or the run resumed), then
+     steps `first + 1 … config.steps`, each `state, record = method.step(state, step)`.
+
+Checkpoints hold the train state and, as JSON, `{"step": s, "method": method.state_dict()}`
+(data iterator positions, counters, reference numbers). Metrics go to `workdir/metrics.jsonl`
+and TensorBoard; a resumed run rewrites the history after its checkpoint, so the file reads as
+if the run had never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import tqdm
+from absl import logging
+from flax import nnx
+
+from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel.mesh import Placement, make_placement, maybe_initialize_distributed
+from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.checkpoint import Checkpointer, StartPoint
+from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.preemption import PreemptionGuard
+from jaxrl_post.training.train_state import TrainState, create_train_state
+
+
+@dataclasses.dataclass
+class Run:
+  """What the loop has built, handed to the method's hooks.
+
+  Attributes:
+    config: the run's (locked) config.
+    workdir: where checkpoints, metrics and the method's files go.
+    placement: the trainer's and the sampler's meshes and rule tables.
+    start: where the run starts (`training.checkpoint.StartPoint`).
+    writer: the metric writer (set before the first evaluation).
+    optimizer: the optax transformation of the train state (set before `method.start`).
+    graphdef: the policy's `nnx` graph definition (`nnx.merge(graphdef, state.params)` is the
+      model; set before `method.start`).
+  """
+
+  config: Any
+  workdir: Path
+  placement: Placement
+  start: StartPoint
+  writer: MetricWriter | None = None
+  optimizer: Any = None
+  graphdef: Any = None
+
+  @property
+  def train_mesh(self):
+    return self.placement.train_mesh
+
+  @property
+  def train_rules(self):
+    return self.placement.train_rules
+
+
+class Method(Protocol):
+  """What a method brings to `train` (a plain object; nothing to inherit).
+
+  Required:
+    name: a short name (progress bar, logs).
+    updates_per_step: optimizer updates per step (the learning-rate schedule's horizon is
+      `config.steps × updates_per_step`).
+    build_model(run) -> nnx.Module: validates the method's config (raising errors that name the
+      key) and builds the policy, on `run.train_mesh` where the method supports it.
+    start(run, state) -> None: everything else the method needs (samplers, jitted update
+      steps, teachers, a frozen reference, environments, data). `state` is the *starting*
+      policy (before this workdir's checkpoint is applied).
+    step(state, step) -> (state, record): one training step; `record` maps metric names
+      (`train/…`, `rollout/…`, `time/…`) to scalars and must hold `train/nonfinite_streak`
+      when the step updated the parameters.
+    evaluate(state, step) -> record: held-out metrics (`eval/…`), written by the loop.
+    state_dict() -> dict: the method's own state to checkpoint (JSON: data positions,
+      counters, reference totals).
+    load_state_dict(d) -> None: restores it after a restart.
+    summary(records) -> str: one line for the end of the run from the metrics history.
+
+  Optional:
+    progress(record) -> dict[str, float]: values for the progress bar.
+    done(step) -> bool: stop after this step although `config.steps` is not reached (a token
+      budget spent, say); the loop evaluates and checkpoints as at the last step.
+  """
+
+  name: str
+  updates_per_step: int
+
+  def build_model(self, run: Run) -> nnx.Module: ...
+
+  def start(self, run: Run, state: TrainState) -> None: ...
+
+  def step(self, state: TrainState, step: int) -> tuple[TrainState, Mapping[str, Any]]: ...
+
+  def evaluate(self, state: TrainState, step: int) -> Mapping[str, Any]: ...
+
+  def state_dict(self) -> dict[str, Any]: ...
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+  def summary(self, records: Sequence[Mapping[str, Any]]) -> str: ...
+
+
+def check_finite(record: Mapping[str, Any], step: int, limit: int) -> None:
+  """Raises when `limit` or more updates in a row had a non-finite loss or gradient."""
+  streak = record.get("train/nonfinite_streak", 0)
+  if streak >= limit:
+    raise RuntimeError(f"{int(streak)} updates in a row had a non-finite loss or gradient "
+                       f"(step {step}); stopping (config.max_nonfinite_streak={limit})")
+
+
+def _due(step: int, every: int, last: bool) -> bool:
+  return last or (every > 0 and step % every == 0)
+
+
+def train(config, workdir: str | Path, method: Method) -> TrainState:
+  """Runs `method` for `config.steps` steps in `workdir`, resuming from its last checkpoint.
+
+  Config keys read here (besides the method's): `mesh` (`parallel.mesh.mesh_config()`),
+  `seed`, `steps`, `optimizer`, `init_from` / `resume`, `log_every`, `eval_every`,
+  `checkpoint_every`, `keep_checkpoints`, `max_nonfinite_streak`, and optionally
+  `eval_at_start` (default True).
+
+  Returns:
+    The final train state.
+  """
+  workdir = Path(workdir)
+  # ---- Processes and devices ----
+  maybe_initialize_distributed()
+  placement = make_placement(config.mesh)
+  logging.info("%s: trainer mesh %s, sampler mesh %s (%s)", method.name,
+               dict(placement.train_mesh.shape), dict(placement.sample_mesh.shape),
+               "colocated" if placement.colocated else "disaggregated")
+  run = Run(config=config, workdir=workdir, placement=placement,
+            start=run_setup.start_point(config, str(workdir)))
+
+  # ---- Model, optimizer, train state (validated before anything compiles) ----
+  model = method.build_model(run)
+  logging.info("%s: start %s; model %.2fM parameters", method.name, run.start.kind,
+               sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) / 1e6)
+  run.optimizer = run_setup.build_optimizer(config, config.steps * method.updates_per_step)
+  state = create_train_state(model, run.optimizer, jax.random.key(config.seed),
+                             mesh=placement.train_mesh, rules=placement.train_rules)
+  run.graphdef = nnx.split(model)[0]
+
+  # ---- The starting point, the method's set-up, then this workdir's checkpoint ----
+  checkpointer = Checkpointer(run_setup.checkpoint_dir(str(workdir)),
+                              max_to_keep=config.keep_checkpoints)
+  initial = run_setup.start_point(config, str(workdir), ignore_workdir=True)
+  state, extra = run_setup.restore(initial, checkpointer, state)
+  method.start(run, state)
+  if run.start.kind == "workdir":
+    state, extra = run_setup.restore(run.start, checkpointer, state)
+  resumed = run.start.kind in ("workdir", "resume")
+  first_step = int(extra.get("step", 0)) if resumed else 0
+  if resumed:
+    method.load_state_dict(extra.get("method", {}))
+  run.writer = writer = MetricWriter(workdir, resume_step=first_step if resumed else None)
+  writer.write_config(config)
+
+  def evaluate(step: int) -> None:
+    record = method.evaluate(state, step)
+    writer.write(step, record)
+    logging.info("%s step %d eval: %s", method.name, step, dict(record))
+
+  def save(step: int) -> None:
+    checkpointer.save(step, state, extra={"step": step, "method": method.state_dict()})
+
+  # ---- Steps ----
+  limit = config.max_nonfinite_streak
+  done = getattr(method, "done", lambda step: False)
+  progress = getattr(method, "progress", lambda record: {})
+  with multihost.peer_failures_are_fatal(f"{method.name} training"):
+    if first_step == 0 and config.get("eval_at_start", True):
+      evaluate(0)
+    # A run whose method was done before the restart (its budget spent) has nothing left.
+    last_step = first_step if first_step and done(first_step) else config.steps
+    bar = tqdm.tqdm(range(first_step + 1, last_step + 1), initial=first_step,
+                    total=config.steps, desc=method.name, dynamic_ncols=True,
+                    disable=jax.process_index() != 0)
+    with PreemptionGuard() as guard:
+      for step in bar:
+        state, record = method.step(state, step)
+        check_finite(record, step, limit)
+        last = step == config.steps or done(step)
+        if _due(step, config.log_every, last):
+          writer.write(step, record)
+        bar.set_postfix({k: f"{v:.4g}" for k, v in progress(record).items()})
+        if _due(step, config.eval_every, last):
+          evaluate(step)
+        if _due(step, config.checkpoint_every, last) or guard.requested:
+          save(step)
+        if guard.requested:
+          guard.report_stop(step)
+          break
+        if last:
+          break
+  checkpointer.close()
+  writer.close()
+  if jax.process_index() == 0:
+    line = method.summary(read_metrics(workdir))
+    if line:
+      print(line)
+  return state
+
+
+def eval_summary(records: Sequence[Mapping[str, Any]], key: str, label: str) -> str:
+  """`label first → last` of an eval metric over the run's history ('' when never evaluated)."""
+  evals = [r for r in records if key in r]
+  if not evals:
+    return ""
+  first, last = evals[0], evals[-1]
+  return (f"{label}: {first[key]:.3f} at step {first['step']} → {last[key]:.3f} at step "
+          f"{last['step']}")
