@@ -33,8 +33,8 @@ def _adv(rewards, gids, weights=None, *, name="grpo", **kw):
 
 
 def test_registry():
-  assert ADVANTAGES.names() == ["batch_std", "drgrpo", "grpo", "rloo"]
-  with pytest.raises(KeyError, match="unknown advantage 'gae'; valid names: batch_std"):
+  assert {'batch_std', 'drgrpo', 'grpo', 'rloo'} <= set(ADVANTAGES.names())
+  with pytest.raises(KeyError, match="unknown advantage 'gae'; valid names: .*batch_std"):
     ADVANTAGES.get("gae")
 
 

@@ -106,7 +106,7 @@ def test_specs_rebuild_the_same_function():
     "keep_prompt": False,
   }
   assert make_context("drop_reasoning") == drop_reasoning()
-  with pytest.raises(KeyError, match="valid names: drop_reasoning, identity, truncate"):
+  with pytest.raises(KeyError, match="valid names: .*drop_reasoning, identity, truncate"):
     make_context("summarise")
   with pytest.raises(ValueError, match="needs a tokenizer"):
     make_context({"name": "truncate", "max_tokens": 8})

@@ -89,15 +89,10 @@ def _np_domain_weights(mask, ids, rewards, target, alpha, lo=0.05, hi=20.0):
 
 
 def test_registry_names_and_unknown_name():
-  assert losses.OPD_REWARDS.names() == [
-    "full_vocab",
-    "mopd",
-    "mopd_topk",
-    "sampled_token",
-    "topk",
-  ]
+  assert {"full_vocab", "mopd", "mopd_topk", "sampled_token", "topk"} <= set(
+    losses.OPD_REWARDS.names())
   assert losses.OPD_REWARDS.get("topk") is opd.topk_opd_reward
-  with pytest.raises(KeyError, match="valid names: full_vocab, mopd"):
+  with pytest.raises(KeyError, match="valid names: .*full_vocab, mopd"):
     losses.OPD_REWARDS.get("topK")
 
 

@@ -14,7 +14,7 @@ LOG2 = np.log(2.0)
 
 
 def test_registry_names():
-  assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
+  assert {'k1', 'k2', 'k3'} <= set(KL_ESTIMATORS.names())
   with pytest.raises(KeyError, match="unknown kl 'k4'; valid names: k1, k2, k3"):
     kl_estimate(jnp.zeros(2), jnp.zeros(2), estimator="k4")
 

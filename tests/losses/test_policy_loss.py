@@ -237,9 +237,9 @@ def test_padding_garbage_is_harmless(rollout, name):
 
 
 def test_registry_and_fixed_settings():
-  assert losses.POLICY_LOSSES.names() == ["cispo", "grpo", "gspo", "gspo_token", "ppo", "sapo"]
+  assert {'cispo', 'grpo', 'gspo', 'gspo_token', 'ppo', 'sapo'} <= set(losses.POLICY_LOSSES.names())
   assert losses.POLICY_LOSSES.get("ppo") is policy_loss
-  with pytest.raises(KeyError, match="valid names: cispo, grpo, gspo"):
+  with pytest.raises(KeyError, match="valid names: .*cispo, grpo, gspo"):
     losses.POLICY_LOSSES.get("vespo")
   with pytest.raises(ValueError, match="gspo fixes importance_sampling_level"):
     losses.gspo_loss(LOGP, OLD, ADV, MASK, importance_sampling_level="token")

@@ -96,9 +96,9 @@ def test_doctests():
 
 
 def test_registry():
-  assert RANKING_REWARDS.names() == ["thurstone_fidelity"]
+  assert {'thurstone_fidelity'} <= set(RANKING_REWARDS.names())
   assert RANKING_REWARDS.get("thurstone_fidelity") is thurstone_fidelity_reward
-  with pytest.raises(KeyError, match="unknown ranking reward 'listnet'; valid names: thurstone"):
+  with pytest.raises(KeyError, match="unknown ranking reward 'listnet'; valid names: .*thurstone"):
     RANKING_REWARDS.get("listnet")
 
 

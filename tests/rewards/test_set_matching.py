@@ -321,9 +321,9 @@ def test_reward_empty_conventions(pred, gt, count, f1, pq):
 
 
 def test_set_rewards_registry():
-  assert sm.SET_REWARDS.names() == ["count", "f1", "pq"]
+  assert {'count', 'f1', 'pq'} <= set(sm.SET_REWARDS.names())
   assert sm.SET_REWARDS.get("count") is sm.count_reward
-  with pytest.raises(KeyError, match="valid names: count, f1, pq"):
+  with pytest.raises(KeyError, match="valid names: .*count, f1, pq"):
     sm.SET_REWARDS.get("iou")
   pred, gt = _reward_scene()
   out = sm.batch_rewards("f1", [pred, [], pred], [gt, [], []])
