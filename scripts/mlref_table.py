@@ -15,7 +15,6 @@ deviation of the round-best, the share of rounds that fell below the round befor
 has best-so-far and round-best per iteration (mean ± std over pipelines).
 """
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +24,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from jaxrl_post import script_flags  # noqa: E402
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_PLOT = flags.DEFINE_string("plot", None, "PNG path (default: <workdir>/mlref_fitness.png).",
+                            flag_values=FLAGS)
 
 ORDER = ("mlref", "monolithic", "no_pool", "llm_weights_only", "env_reward")
 LABELS = {"mlref": "MLREF (pool + hybrid credit)", "monolithic": "monolithic rewrite",
@@ -136,17 +142,17 @@ def plot(results: dict[str, np.ndarray], path: Path) -> None:
   plt.close(fig)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("workdir", type=Path)
-  parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: workdir).")
-  args = parser.parse_args()
-  results = load(args.workdir)
+def main(argv: list[str]) -> None:
+  """`argv`: the program name and the workdir."""
+  if len(argv) != 2:
+    raise app.UsageError(f"expected one workdir, got {argv[1:]}")
+  workdir = Path(argv[1])
+  results = load(workdir)
   print(tables(results))
-  path = args.plot or args.workdir / "mlref_fitness.png"
+  path = Path(_PLOT.value) if _PLOT.value else workdir / "mlref_fitness.png"
   plot(results, path)
   print(f"plot: {path}")
 
 
 if __name__ == "__main__":
-  main()
+  script_flags.run(main, FLAGS)

@@ -20,14 +20,15 @@ Each `add(**overrides)` is one run:
 The binary is the config file's prefix (`grpo_arith.py` → `experiments/grpo.py`)
 unless `--binary` names one. A run's name numbers it and spells its overrides
 (`003_loss.name=gspo_optimizer.lr=2e-05`), so workdirs say what they hold.
-Extra arguments after `--` are appended to every command, e.g. `-- --config.steps=5`.
+Extra arguments after `--` are appended to every command, e.g. `-- --config.steps=5` (absl
+passes on every word that is not a flag, so the `--` is what keeps `--config.*` words for the
+runs).
 With `--slurm`, the file is a job array with one task per run; wrap each run
 with `--launcher="bash scripts/launch_slurm.sh --per=gpu --"` to make it multi-process.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import re
 import shlex
@@ -35,7 +36,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+from absl import flags
+
+from jaxrl_post import script_flags
+
 ROOT = Path(__file__).resolve().parents[1]
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_CONFIG = flags.DEFINE_string("config", None, "config file, optionally with :arg",
+                              flag_values=FLAGS, required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "base directory; one subdirectory a run",
+                               flag_values=FLAGS, required=True)
+_BINARY = flags.DEFINE_string("binary", None, "experiment script (default: by prefix)",
+                              flag_values=FLAGS)
+_PYTHON = flags.DEFINE_string("python", "python", "interpreter in the commands", flag_values=FLAGS)
+_LAUNCHER = flags.DEFINE_string("launcher", "", "prefix of every command", flag_values=FLAGS)
+_DRY_RUN = flags.DEFINE_bool("dry-run", False, "print, do not run or submit", flag_values=FLAGS)
+_SLURM = flags.DEFINE_bool("slurm", False, "write a job array and sbatch it", flag_values=FLAGS)
+_SLURM_FILE = flags.DEFINE_string("slurm_file", None, "default: <workdir>/sweep.sbatch",
+                                  flag_values=FLAGS)
+_SBATCH = flags.DEFINE_string("sbatch", "", "extra #SBATCH options, e.g. '--time=1:00:00'",
+                              flag_values=FLAGS)
 
 
 def load_config_module(path: str):
@@ -111,41 +132,27 @@ def slurm_script(runs: list[tuple[str, str]], workdir: str, *, job_name: str,
   return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-  argv = sys.argv[1:] if argv is None else list(argv)
-  extra: list[str] = []
-  if "--" in argv:
-    extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file, optionally with :arg")
-  parser.add_argument("--workdir", required=True, help="base directory; one subdirectory a run")
-  parser.add_argument("--binary", default=None, help="experiment script (default: by prefix)")
-  parser.add_argument("--python", default="python", help="interpreter in the commands")
-  parser.add_argument("--launcher", default="", help="prefix of every command")
-  parser.add_argument("--dry-run", action="store_true", help="print, do not run or submit")
-  parser.add_argument("--slurm", action="store_true", help="write a job array and sbatch it")
-  parser.add_argument("--slurm_file", default=None, help="default: <workdir>/sweep.sbatch")
-  parser.add_argument("--sbatch", default="", help="extra #SBATCH options, e.g. '--time=1:00:00'")
-  args = parser.parse_args(argv)
-
-  runs = commands(args.config, args.workdir, binary=args.binary, launcher=args.launcher,
-                  python=args.python, extra=extra)
-  if args.slurm:
-    job_name = Path(args.config.partition(":")[0]).stem
-    script = slurm_script(runs, args.workdir, job_name=job_name, sbatch_args=args.sbatch)
-    path = Path(args.slurm_file or Path(args.workdir) / "sweep.sbatch")
+def main(argv: list[str]) -> int:
+  """Runs, prints or submits the sweep; `argv`: the program name, then the words after `--`."""
+  extra = list(argv[1:])
+  runs = commands(_CONFIG.value, _WORKDIR.value, binary=_BINARY.value, launcher=_LAUNCHER.value,
+                  python=_PYTHON.value, extra=extra)
+  if _SLURM.value:
+    job_name = Path(_CONFIG.value.partition(":")[0]).stem
+    script = slurm_script(runs, _WORKDIR.value, job_name=job_name, sbatch_args=_SBATCH.value)
+    path = Path(_SLURM_FILE.value or Path(_WORKDIR.value) / "sweep.sbatch")
     path.parent.mkdir(parents=True, exist_ok=True)
     # SLURM does not create the directory of --output; a missing one loses the logs.
-    (Path(args.workdir) / "slurm").mkdir(parents=True, exist_ok=True)
+    (Path(_WORKDIR.value) / "slurm").mkdir(parents=True, exist_ok=True)
     path.write_text(script)
-    if args.dry_run:
+    if _DRY_RUN.value:
       print(f"# {path} ({len(runs)} array tasks; submit with: sbatch {path})")
       print(script, end="")
       return 0
     return subprocess.run(["sbatch", str(path)], check=False).returncode
   for name, command in runs:
     print(command, flush=True)
-    if not args.dry_run:
+    if not _DRY_RUN.value:
       code = subprocess.run(command, shell=True, cwd=ROOT, check=False).returncode
       if code:
         print(f"run {name} failed with exit code {code}", file=sys.stderr)
@@ -154,4 +161,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  script_flags.run(main, FLAGS)

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from absl import app
+
+from jaxrl_post import script_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,6 +54,14 @@ def test_tables_and_plot_from_fitness_jsonl(tmp_path):
   assert "| PPO on the env reward (reference) | 2 | – | – | – | – | 300.0, 301.0 |" in text
   SCRIPT.plot(results, tmp_path / "p.png")
   assert (tmp_path / "p.png").stat().st_size > 0
+  # The command line `mlref_table.py WORKDIR --plot=PNG` (absl flags; the workdir positional).
+  SCRIPT.main(script_flags.parse(SCRIPT.FLAGS, ["mlref_table.py", str(tmp_path),
+                                                f"--plot={tmp_path / 'cli.png'}"]))
+  assert (tmp_path / "cli.png").stat().st_size > 0
+  SCRIPT.main(script_flags.parse(SCRIPT.FLAGS, ["mlref_table.py", str(tmp_path)]))
+  assert (tmp_path / "mlref_fitness.png").stat().st_size > 0  # --plot's default.
+  with pytest.raises(app.UsageError, match="one workdir"):
+    SCRIPT.main(script_flags.parse(SCRIPT.FLAGS, ["mlref_table.py"]))
   (tmp_path / "empty").mkdir()
   (tmp_path / "empty" / "fitness.jsonl").write_text("")
   with pytest.raises(ValueError, match="empty"):

@@ -13,6 +13,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import sweep  # noqa: E402
 
+from jaxrl_post import script_flags  # noqa: E402
+
 CONFIG = "configs/grpo_arith.py"
 
 
@@ -22,6 +24,11 @@ def _bash(*args, env=None, timeout=60):
 
 
 # ---- sweep.py ----
+
+
+def _main(*args):
+  """`scripts/sweep.py ARGS...` in this process: its flags parsed from their defaults."""
+  return sweep.main(script_flags.parse(sweep.FLAGS, ["sweep.py", *args]))
 
 
 def test_sweep_expands_grpo_arith_into_nine_commands():
@@ -48,8 +55,8 @@ def test_values_are_formatted_as_config_flags_parse_them():
 
 
 def test_dry_run_prints_and_runs_nothing(capsys, tmp_path):
-  assert sweep.main([f"--config={CONFIG}", f"--workdir={tmp_path}", "--dry-run",
-                     "--launcher=bash scripts/launch_slurm.sh --per=gpu --"]) == 0
+  assert _main(f"--config={CONFIG}", f"--workdir={tmp_path}", "--dry-run",
+               "--launcher=bash scripts/launch_slurm.sh --per=gpu --") == 0
   lines = capsys.readouterr().out.splitlines()
   assert len(lines) == 9
   assert lines[0].startswith("bash scripts/launch_slurm.sh --per=gpu -- python "
@@ -59,9 +66,9 @@ def test_dry_run_prints_and_runs_nothing(capsys, tmp_path):
 
 def test_slurm_job_array_file_runs_the_task_it_is_given(tmp_path, capsys):
   script = tmp_path / "array.sbatch"
-  assert sweep.main([f"--config={CONFIG}:runlocal", f"--workdir={tmp_path}", "--slurm",
-                     f"--slurm_file={script}", "--dry-run", "--sbatch=--time=01:00:00",
-                     "--python=echo"]) == 0
+  assert _main(f"--config={CONFIG}:runlocal", f"--workdir={tmp_path}", "--slurm",
+               f"--slurm_file={script}", "--dry-run", "--sbatch=--time=01:00:00",
+               "--python=echo") == 0
   text = script.read_text()
   assert "#SBATCH --array=0-8" in text and "#SBATCH --time=01:00:00" in text
   assert (tmp_path / "slurm").is_dir()
@@ -73,6 +80,21 @@ def test_slurm_job_array_file_runs_the_task_it_is_given(tmp_path, capsys):
     f"experiments/grpo.py --config=configs/grpo_arith.py:runlocal "
     f"--workdir={tmp_path}/004_loss.name=gspo_optimizer.lr=5e-05 --config.loss.name=gspo "
     f"--config.optimizer.lr=5e-05")
+
+
+def test_command_line_appends_the_words_after_double_dash_and_needs_config(tmp_path):
+  def sweep_py(*args):
+    return subprocess.run([sys.executable, "scripts/sweep.py", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, check=False)
+
+  result = sweep_py(f"--config={CONFIG}", f"--workdir={tmp_path}", "--dry-run", "--",
+                    "--config.steps=2")
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert len(lines) == 9 and all(line.endswith(" --config.steps=2") for line in lines)
+  result = sweep_py(f"--workdir={tmp_path}")
+  assert result.returncode != 0 and "--config" in result.stderr
+  assert "--slurm_file" in sweep_py("--help").stdout  # absl lists the script's own flags.
 
 
 def test_a_config_without_sweep_is_an_error(tmp_path):
