@@ -42,16 +42,29 @@ Variants (after the colon): `method=sft|flat_grpo|turn_grpo|rtpo`, `horizon=K`, 
 0: none), `runlocal` (a few steps, for tests). Any field: `--config.continuation=off_policy`.
 """
 
-from jaxrl_post.config_args import parse_arg
-from jaxrl_post.training import rtpo_configs
+import importlib.util
+from pathlib import Path
 
-HORIZONS, SEEDS = rtpo_configs.HORIZONS, rtpo_configs.SEEDS
+from jaxrl_post.config_args import parse_arg
+
+
+def load_common():
+  """configs/rtpo_common.py, the base config every rtpo_<env>.py adjusts."""
+  path = Path(__file__).resolve().with_name("rtpo_common.py")
+  spec = importlib.util.spec_from_file_location("rtpo_common", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+rtpo_common = load_common()
+HORIZONS, SEEDS = rtpo_common.HORIZONS, rtpo_common.SEEDS
 
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, method="rtpo", horizon=4, seed=0, model="tiny", steps=0,
                   budget=-1)
-  config = rtpo_configs.base_config(arg)
+  config = rtpo_common.base_config(arg)
   config.env = "kv_lookup"
   # 16 keys (the chain and distractors that point to keys or numbers), 3-letter keys, 4-digit
   # values; the store is drawn from the env's own seed, the same for every run.
@@ -59,5 +72,5 @@ def get_config(arg=None):
   return config
 
 
-sweep = rtpo_configs.horizon_sweep
-metrics = rtpo_configs.grid_metrics
+sweep = rtpo_common.horizon_sweep
+metrics = rtpo_common.grid_metrics

@@ -15,7 +15,7 @@ import pytest
 
 from jaxrl_post.envs import get_env, make_context
 from jaxrl_post.models import get_model_config
-from jaxrl_post.training import multiturn
+from jaxrl_post.sampling import multiturn
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

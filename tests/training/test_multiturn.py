@@ -12,11 +12,11 @@ from flax import nnx
 
 from jaxrl_post.envs import Env, Episode, get_env, identity, tools, truncate
 from jaxrl_post.envs.context import turn_to_tokens
+from jaxrl_post.methods import rtpo
 from jaxrl_post.models import CausalLM, get_model_config
-from jaxrl_post.sampling import FINISH_STOP
+from jaxrl_post.sampling import FINISH_STOP, multiturn
+from jaxrl_post.sampling.multiturn import Generation
 from jaxrl_post.tokenizers import CharTokenizer
-from jaxrl_post.training import multiturn, rtpo
-from jaxrl_post.training.multiturn import Generation
 from jaxrl_post.training.train_state import create_train_state
 
 TOK = multiturn.build_tokenizer("char_tools")  # `</tool>` and `</answer>` are single tokens
@@ -273,7 +273,7 @@ def test_ppo_phase_updates_without_recompiling(learner_and_state):
     assert metrics["num_updates"] == 1 and metrics["skipped"] == 0
     # The scripted log-probs are not the model's: the metric sees the mismatch.
     assert metrics["consistency_ratio"] != pytest.approx(1.0)
-  assert learner._ppo_step._cache_size() == 1
+  assert learner.ppo_step._cache_size() == 1
   changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, state.params)
   assert any(jax.tree.leaves(changed))
 

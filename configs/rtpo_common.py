@@ -1,5 +1,7 @@
 """The base `ConfigDict` of experiments/rtpo.py; configs/rtpo_<env>.py adjust it per environment.
 
+Not a config itself: configs/rtpo_<env>.py load it from this folder (`load_common()` there).
+
 One config serves four methods, chosen in the config argument (`method=...`), because their
 defaults differ (group size, loss aggregation, optimizer):
 
@@ -15,10 +17,10 @@ from __future__ import annotations
 
 import ml_collections
 
+from jaxrl_post.methods.rtpo import METHODS, MODES, SFT
+from jaxrl_post.parallel.mesh import mesh_config
 from jaxrl_post.training import base_configs
-from jaxrl_post.training.rtpo import METHODS
 
-SFT = "sft"
 # The default RL budget is this many generated tokens per turn of an optimal episode (K + 1),
 # so a longer horizon gets a proportionally larger budget and every K sees about as many
 # episodes' worth of sampling.
@@ -32,8 +34,8 @@ def base_config(arg) -> ml_collections.ConfigDict:
   default) and `budget`, the generated-token budget of an RL run: −1 (default) for
   `TOKENS_PER_TURN_BUDGET` × (K + 1), 0 for none.
   """
-  if arg.method not in (SFT, *METHODS):
-    raise ValueError(f"unknown method {arg.method!r}; valid: {', '.join((SFT, *METHODS))}")
+  if arg.method not in MODES:
+    raise ValueError(f"unknown method {arg.method!r}; valid: {', '.join(MODES)}")
   config = ml_collections.ConfigDict()
   config.method = arg.method
   config.seed = arg.seed
@@ -45,12 +47,16 @@ def base_config(arg) -> ml_collections.ConfigDict:
   config.init_from = ""
   config.keep_checkpoints = 2
   config.max_nonfinite_streak = 5
+  # Devices and sharding rules (`--config.mesh.ici_fsdp=4`, `--config.mesh.sampler_devices=2`);
+  # by default every device is on `fsdp`. Rollouts run on the sampler's mesh, updates on the
+  # trainer's.
+  config.mesh = mesh_config()
 
   # ---- environment, context ψ, lengths ----
   config.env = ""
   config.env_knobs = ml_collections.ConfigDict(dict(horizon=arg.horizon, spare_turns=1))
-  # Rollouts see ψ(S_k): the prompt plus the newest turns that fit (spec §2.3). The flat view
-  # trains on the whole history instead, which is where its context mismatch comes from.
+  # Rollouts see ψ(S_k): the prompt plus the newest turns that fit (arXiv 2608.18682, §2.3). The
+  # flat view trains on the whole history instead, which is where its context mismatch comes from.
   config.context = ml_collections.ConfigDict(dict(name="truncate", max_tokens=128,
                                                   keep_prompt=True))
   config.add_bos = False
@@ -80,7 +86,7 @@ def base_config(arg) -> ml_collections.ConfigDict:
   config.top_k = 0
   config.top_p = 1.0
   # RTPO's Eq. 6 averages per sibling then per token; the GRPO baselines use this codebase's
-  # GRPO default (token-mean). ε = 0.2 for all (the paper gives none: PROPOSAL).
+  # GRPO default (token-mean). ε = 0.2 for all (the paper gives none).
   config.loss = ml_collections.ConfigDict(dict(
     name="rtpo" if arg.method == "rtpo" else "grpo",
     loss_agg_mode="seq-mean-token-mean" if arg.method == "rtpo" else "token-mean",

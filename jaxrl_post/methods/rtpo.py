@@ -1,7 +1,8 @@
-"""Three ways to train a policy on multi-turn episodes: flat GRPO, turn-level GRPO and RTPO.
+r"""Multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO, SFT cold start.
 
-All three start from a batch of task prompts and end with policy updates; they differ in what is
-sampled, which tokens are trained and against which baseline (RTPO, arXiv 2608.18682, §2.2):
+All three RL methods start from a batch of task prompts and end with policy updates; they differ
+in what is sampled, which tokens are trained and against which baseline (RTPO, arXiv 2608.18682,
+§2.2):
 
   flat_grpo   G episodes per prompt; advantage = GRPO over the episode returns; each episode is
               ONE training sequence, prompt | a_0 | o_0 | a_1 | ..., observations masked out. The
@@ -15,21 +16,31 @@ sampled, which tokens are trained and against which baseline (RTPO, arXiv 2608.1
               clipped-PPO phase on the siblings' turn-k tokens only; earlier boundaries then
               sample with parameters already updated on the later ones. Boundaries whose
               siblings all score the same are skipped (their gradient is exactly 0).
+  sft         the cold start: teacher-forced NLL (`losses.nll_loss`) on the env's
+              demonstrations, each turn a row `c_k | a_k` under the ψ the rollouts will use.
 
-The maths is in `jaxrl_post.losses.rtpo` (sibling advantage, turn loss, off-policy weight) and
-`jaxrl_post.training.multiturn` (rollouts, batches, consistency metric). Here:
+An RL step reads top to bottom in `grpo_step` / `rtpo_step`: start states → rollouts
+(`sampling.multiturn.rollout`) → returns → advantages (`losses.rtpo`) → (context, action) rows →
+PPO phase (`training.ppo.ppo_phase`). The maths is in `jaxrl_post.losses.rtpo` (sibling
+advantage, turn loss, off-policy weight); rollouts, batches and the consistency metric are in
+`jaxrl_post.sampling.multiturn`. Here:
 
-  `MethodConfig`   the method and its knobs, validated.
-  `Learner`        the model side: sampling policies, `rollout`, batches of fixed bucketed shapes,
-                   training-time log-probs (`score`), PPO phases and SFT steps under `jit`.
+  `MethodConfig`   the RL method and its knobs, validated.
+  `Learner`        the model side: sampling policies (on the sampler's mesh), `rollout`, batches
+                   of bucketed shapes, training-time log-probs (`score`, on the trainer's mesh),
+                   PPO phases and SFT steps under `jit`.
   `grpo_step`, `rtpo_step`   one RL step of each method, written against the small `Backend`
                    protocol that `Learner` implements (tests drive them with scripted policies).
-  `evaluate`       greedy success on held-out episodes.
+  `evaluate`       greedy (or sampled) success on held-out episodes.
+  `RTPO`           the `training.loop.Method` of experiments/rtpo.py: every mode above, the
+                   generated-token budget (`config.max_generated_tokens`, through `done`), and
+                   the tokens generated / wall-clock seconds so far in its checkpointed state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -37,19 +48,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from flax import nnx
 
-from jaxrl_post.envs import Env, EnvState
+from jaxrl_post import losses
+from jaxrl_post.envs import Env, EnvState, get_env, make_context
 from jaxrl_post.envs.context import ContextFn
-from jaxrl_post.losses import loss_normalizers
 from jaxrl_post.losses import rtpo as rtpo_losses
-from jaxrl_post.sampling import Sampler, score_model
-from jaxrl_post.training import multiturn
-from jaxrl_post.training.multiturn import SampledTrajectory, SampledTurn, TurnBatch
+from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
+from jaxrl_post.parallel.mesh import put_batch
+from jaxrl_post.parallel.reshard import reshard_state
+from jaxrl_post.sampling import Sampler, multiturn, score_model
+from jaxrl_post.sampling.multiturn import SampledTrajectory, SampledTurn, TurnBatch
+from jaxrl_post.training import loop, ppo
+from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.train_state import TrainState, make_train_step
 
 METHODS = ("flat_grpo", "turn_grpo", "rtpo")
 CONTINUATIONS = ("on_policy", "off_policy")
+SFT = "sft"
+MODES = (SFT, *METHODS)  # what `config.method` may be
+# Fill values of padding rows (`Learner.put`) where 0 is not neutral.
+_ROW_PADDING = {"turn_ids": -1, "turn": -1, "weight": 1.0}
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MethodConfig:
@@ -66,7 +88,7 @@ class MethodConfig:
     continuation: RTPO "on_policy" (siblings continue with the current parameters, ω ≡ 1) or
       the "off_policy" ablation (every boundary's siblings sampled with θ_0 before the sweep,
       weighted by ω̄ = clamp(Π π_θ>k / π_θ0, ρ_min, ρ_max) over their continuation tokens).
-    rho_min, rho_max: the clamp of ω̄ (not in the paper; PROPOSAL defaults).
+    rho_min, rho_max: the clamp of ω̄ (not in the paper; defaults 0.5 and 2).
     skip_zero_advantage: skip RTPO boundaries (and GRPO steps) whose advantages are all 0.
   """
 
@@ -153,6 +175,10 @@ class Learner:
     bucket_widths: cut batch columns to power-of-two widths (False: always the full widths).
     sampler_batch_buckets, sampler_len_buckets: the sampler's static shapes (default powers of
       two).
+    mesh, rules: the trainer's mesh and rules (`run.train_mesh`): updates and scoring run there,
+      on the train state's layout. None: no mesh (jit places everything).
+    sample_mesh, sample_rules: the sampler's (`run.placement.sample_mesh`); rollouts reshard the
+      parameters to it first (in place when colocated). None: the trainer's.
   """
 
   def __init__(self, model, tokenizer, optimizer: optax.GradientTransformation, *, env: Env,
@@ -162,7 +188,8 @@ class Learner:
                num_micro_batches: int = 1, ppo_epochs: int = 1, ppo_mini_batches: int = 1,
                reference_params: Any = None, add_bos: bool = False, bucket_widths: bool = True,
                sampler_batch_buckets: Sequence[int] | None = None,
-               sampler_len_buckets: Sequence[int] | None = None):
+               sampler_len_buckets: Sequence[int] | None = None, mesh=None,
+               rules: Rules = DEFAULT_RULES, sample_mesh=None, sample_rules: Rules | None = None):
     self.tokenizer, self.env, self.context = tokenizer, env, context
     self.loss_name = loss
     self.loss_kwargs = dict(loss_kwargs or {})
@@ -176,20 +203,43 @@ class Learner:
     self.num_micro_batches = num_micro_batches
     self.ppo_epochs, self.ppo_mini_batches = ppo_epochs, ppo_mini_batches
     self.add_bos, self.bucket_widths = add_bos, bucket_widths
+    self.mesh, self.rules = mesh, tuple(rules)
+    if sample_mesh is None:
+      sample_mesh, sample_rules = mesh, rules
+    self.sample_mesh, self.sample_rules = sample_mesh, tuple(sample_rules or DEFAULT_RULES)
+    buckets = dict(batch_buckets=sampler_batch_buckets or None,
+                   prompt_len_buckets=sampler_len_buckets or None)
     self.sampler = Sampler(model, tokenizer, max_prompt_len=max_context_len,
-                           batch_buckets=sampler_batch_buckets or None,
-                           prompt_len_buckets=sampler_len_buckets or None)
+                           mesh=self.sample_mesh, rules=self.sample_rules, **buckets)
+    # Old-policy and reference log-probs are scored by the trainer, on its mesh and in its
+    # layout: `old_logp` then comes from the parameters the update differentiates (the first
+    # PPO ratio is 1 up to float noise), and the consistency metric measures the rollout /
+    # trainer mismatch it is meant to.
+    self.scorer = Sampler(model, tokenizer, max_prompt_len=max_context_len, mesh=mesh,
+                          rules=self.rules, **buckets)
     graphdef = nnx.split(model)[0]
     shared = ("num_tokens", "num_sequences")
-    self._ppo_step = make_train_step(graphdef, self._policy_loss, optimizer,
-                                     num_micro_batches=num_micro_batches, shared=shared)
-    self._sft_step = make_train_step(graphdef, self._sft_loss, optimizer,
-                                     num_micro_batches=num_micro_batches, shared=shared)
+    self.ppo_step = make_train_step(graphdef, self._policy_loss, optimizer,
+                                    num_micro_batches=num_micro_batches, mesh=mesh,
+                                    rules=self.rules, shared=shared)
+    self.sft_step = make_train_step(graphdef, self._sft_loss, optimizer,
+                                    num_micro_batches=num_micro_batches, mesh=mesh,
+                                    rules=self.rules, shared=shared)
 
   # ---- sampling ----
 
+  def sampler_params(self, params):
+    """`params` in the sampler's layout: a re-layout in place when colocated, a device-to-device
+    copy when the sampler has devices of its own. It may alias `params`, which an update
+    donates, so it is made afresh for every rollout."""
+    if self.sample_mesh is None:
+      return params
+    return reshard_state(params, self.sample_mesh, self.sample_rules)[0]
+
   def policy(self, params, *, greedy: bool = False) -> multiturn.SamplerPolicy:
-    return multiturn.SamplerPolicy(self.sampler, params, self.max_turn_tokens,
+    """A turn policy sampling with `params` (the trainer's layout; resharded here)."""
+    return multiturn.SamplerPolicy(self.sampler, self.sampler_params(params),
+                                   self.max_turn_tokens,
                                    temperature=self.temperature, top_k=self.top_k,
                                    top_p=self.top_p, greedy=greedy)
 
@@ -211,54 +261,68 @@ class Learner:
                                 prompt_len=self.max_context_len, completion_len=self.flat_len,
                                 add_bos=self.add_bos)
 
-  def _device_batch(self, batch: TurnBatch, extra: Mapping[str, np.ndarray] | None = None
-                    ) -> tuple[dict[str, jax.Array], int]:
-    """Pads rows to a bucket, cuts columns to buckets; returns arrays and the completion width."""
-    arrays = dict(batch.arrays(), **(extra or {}))
-    n = batch.num_rows
+  def put(self, rows: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """Device arrays of a batch of rows: rows padded to a bucket, columns cut to buckets.
+
+    `rows` maps `TurnBatch` field names (and `old_logp`, `ref_logp`) to host arrays holding
+    only real rows; scalars (`num_tokens`, `num_sequences`) pass as they are. Rows are padded
+    to `num_micro_batches × bucket` (padding rows: no loss, one attended pad token) and, with
+    `bucket_widths`, context and completion columns are cut to bucketed widths that hold every
+    real token — so a run compiles a handful of programs, not one per batch. The arrays go to
+    the trainer's mesh, rows split over its batch axes (`parallel.mesh.put_batch`).
+    """
+    n = len(rows["prompt_tokens"])
     micro = self.num_micro_batches
-    rows = micro * _bucket(-(-n // micro), 1)
-    context_width = batch.prompt_tokens.shape[1]
-    completion_width = batch.completion_tokens.shape[1]
+    padded = micro * _bucket(-(-n // micro), 1)
+    context_width = rows["prompt_tokens"].shape[1]
+    completion_width = rows["completion_tokens"].shape[1]
     if self.bucket_widths:
-      used_context = int(batch.prompt_mask[:n].sum(1).max(initial=1))
-      used_completion = int(batch.completion_mask[:n].sum(1).max(initial=1))
+      used_context = int(np.asarray(rows["prompt_mask"]).sum(1).max(initial=1))
+      used_completion = int(np.asarray(rows["completion_mask"]).sum(1).max(initial=1))
       context_width = _bucket(used_context, 16, context_width)
       completion_width = _bucket(used_completion, 16, completion_width)
     out = {}
-    for key, value in arrays.items():
-      value = np.asarray(value)[:n]
+    for key, value in rows.items():
+      value = np.asarray(value)
+      if value.ndim == 0:
+        out[key] = value
+        continue
       if key in ("prompt_tokens", "prompt_mask"):
         value = value[:, -context_width:]
       elif value.ndim == 2:
         value = value[:, :completion_width]
-      pad = np.zeros((rows - n, *value.shape[1:]), value.dtype)
+      pad = np.zeros((padded - n, *value.shape[1:]), value.dtype)
       if key == "prompt_tokens":
         pad[:] = self.tokenizer.pad_id
       elif key == "prompt_mask":
         pad[:, -1] = True  # padding rows attend to one (pad) token
-      elif key in ("turn_ids", "turn"):
-        pad[:] = -1
-      elif key == "weight":
-        pad[:] = 1.0
-      out[key] = jnp.asarray(np.concatenate([value, pad]))
-    return out, completion_width
+      elif key in _ROW_PADDING:
+        pad[:] = _ROW_PADDING[key]
+      out[key] = np.concatenate([value, pad])
+    if self.mesh is None:
+      return {k: jnp.asarray(v) for k, v in out.items()}
+    return put_batch(out, self.mesh, self.rules)
 
-  def _loss_mask(self, arrays: Mapping[str, jax.Array]) -> jax.Array:
+  def train_mask(self, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """`bool [N, La]` the tokens the loss counts (so its `num_tokens` / `num_sequences`): the
+    action tokens, and for the "rtpo" loss only those of each row's own turn."""
     if self.loss_name == "rtpo":
-      return rtpo_losses.turn_token_mask(arrays["loss_mask"], arrays["turn_ids"], arrays["turn"])
-    return arrays["loss_mask"]
+      return np.asarray(rtpo_losses.turn_token_mask(rows["loss_mask"], rows["turn_ids"],
+                                                    rows["turn"]))
+    return np.asarray(rows["loss_mask"])
 
   # ---- scoring and updates ----
 
   def score(self, params, batch: TurnBatch) -> np.ndarray:
-    """`float32 [num_rows, La]` training-time log-probs of the completion tokens under `params`."""
-    arrays, width = self._device_batch(batch)
-    scored = self.sampler.score(params, arrays["prompt_tokens"], arrays["prompt_mask"],
-                                arrays["completion_tokens"], arrays["completion_mask"],
-                                temperature=self.temperature)
+    """`float32 [num_rows, La]` training-time log-probs of the completion tokens under `params`
+    (the trainer's layout), scored on the trainer's mesh."""
+    arrays = self.put(_rows(batch))
+    width = arrays["completion_tokens"].shape[1]
+    scored = self.scorer.score(params, arrays["prompt_tokens"], arrays["prompt_mask"],
+                               arrays["completion_tokens"], arrays["completion_mask"],
+                               temperature=self.temperature)
     logp = np.zeros(batch.completion_tokens.shape, np.float32)[:batch.num_rows]
-    logp[:, :width] = np.asarray(scored.logp)[:batch.num_rows]
+    logp[:, :width] = multihost.to_host(scored.logp)[:batch.num_rows]
     return logp
 
   def _policy_loss(self, model, batch):
@@ -271,51 +335,54 @@ class Learner:
   def _sft_loss(self, model, batch):
     scored = score_model(model, batch["prompt_tokens"], batch["prompt_mask"],
                          batch["completion_tokens"], batch["completion_mask"])
-    nll = -jnp.sum(jnp.where(batch["loss_mask"], scored.logp, 0.0)) / batch["num_tokens"]
+    nll = losses.nll_loss(scored.logp, batch["loss_mask"], batch["num_tokens"])
     return nll, {"nll": nll}
 
-  def _step(self, step_fn, state, batch: TurnBatch, extra=None):
-    arrays, _ = self._device_batch(batch, extra)
-    norm = loss_normalizers(self._loss_mask(arrays))
-    arrays.update(num_tokens=norm.num_tokens, num_sequences=norm.num_sequences)
-    return step_fn(state, arrays)
+  def _put_update(self, rows: Mapping[str, Any]) -> dict[str, jax.Array]:
+    # The counted-token mask only sets the normalisers; the loss recomputes it on device.
+    return self.put({k: v for k, v in rows.items() if k != "train_mask"})
 
   def ppo(self, state: TrainState, batch: TurnBatch, *, rng: np.random.Generator
           ) -> tuple[TrainState, dict[str, float]]:
     """One PPO phase: score θ_old, then `ppo_epochs` × `ppo_mini_batches` clipped updates.
 
     θ_old is the current parameters, scored on the recorded contexts (`old_logp`); the phase's
-    consistency metric compares them with the rollout-time log-probs. Each mini-batch is a
-    shuffled subset of rows with its own normalisers (a separate update, as in PPO).
+    consistency metric compares them with the rollout-time log-probs. The updates are
+    `training.ppo.ppo_phase`'s: each mini-batch a shuffled subset of rows with its own
+    normalisers over the loss's counted tokens (`train_mask`).
 
     Returns:
-      The new state and the mean metrics of the updates, plus `consistency_*` and
-      `num_updates`.
+      The new state and the merged metrics of the updates (`ppo.merge_update_metrics`), plus
+      `consistency_*` and `num_updates`.
+
+    Raises:
+      ValueError: naming `config.ppo_mini_batches` when it does not divide the batch's rows.
     """
     old_logp = self.score(state.params, batch)
     check = multiturn.consistency(old_logp, batch.rollout_logp[:batch.num_rows],
                                   batch.loss_mask[:batch.num_rows])
-    extra = {"old_logp": old_logp}
+    rows = _rows(batch)
+    rows["old_logp"] = old_logp
     if self.reference_params is not None and self.loss_kwargs.get("beta", 0.0):
-      extra["ref_logp"] = self.score(self.reference_params, batch)
-    updates = []
-    for _ in range(self.ppo_epochs):
-      order = rng.permutation(batch.num_rows)
-      for part in np.array_split(order, self.ppo_mini_batches):
-        if not len(part):
-          continue
-        rows = np.sort(part)
-        state, metrics = self._step(self._ppo_step, state, batch.take(rows),
-                                    {k: v[rows] for k, v in extra.items()})
-        updates.append(metrics)
-    merged = _mean_metrics(updates)
+      rows["ref_logp"] = self.score(self.reference_params, batch)
+    rows["train_mask"] = self.train_mask(rows)
+    state, updates = ppo.ppo_phase(self.ppo_step, state, rows, epochs=self.ppo_epochs,
+                                   mini_batches=self.ppo_mini_batches, rng=rng,
+                                   put=self._put_update, mask_key="train_mask")
+    merged = ppo.merge_update_metrics(updates)
     merged.update({f"consistency_{k}": float(v) for k, v in check._asdict().items()})
     return state, merged
 
   def sft(self, state: TrainState, batch: TurnBatch) -> tuple[TrainState, dict[str, float]]:
     """One teacher-forced step on the batch's action tokens (`loss_mask`)."""
-    state, metrics = self._step(self._sft_step, state, batch)
-    return state, _mean_metrics([metrics])
+    rows = ppo.with_normalizers(_rows(batch), "loss_mask")
+    state, metrics = self.sft_step(state, self.put(rows))
+    return state, ppo.merge_update_metrics([jax.device_get(metrics)])
+
+
+def _rows(batch: TurnBatch) -> dict[str, np.ndarray]:
+  """The batch's arrays, real rows only."""
+  return {k: v[:batch.num_rows] for k, v in batch.arrays().items()}
 
 
 def batch_loss(logp: jax.Array, batch: Mapping[str, jax.Array], *, loss: str,
@@ -349,18 +416,6 @@ def batch_loss(logp: jax.Array, batch: Mapping[str, jax.Array], *, loss: str,
     entropy=entropy, num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"],
     **kwargs)
   return value, aux.additive()
-
-
-def _mean_metrics(updates: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-  """Mean of per-update metrics; running counters take the last value, `skipped` adds up."""
-  if not updates:
-    return {"num_updates": 0.0}
-  host = [{k: float(v) for k, v in jax.device_get(u).items()} for u in updates]
-  merged = {k: float(np.mean([u[k] for u in host])) for k in host[0]}
-  merged["nonfinite_streak"] = host[-1]["nonfinite_streak"]
-  merged["skipped"] = float(sum(u["skipped"] for u in host))
-  merged["num_updates"] = float(len(host))
-  return merged
 
 
 class StepOutput(NamedTuple):
@@ -486,7 +541,7 @@ def rtpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *
     / max(sum(b["boundaries"] for b in boundaries), 1.0))
   metrics["rtpo/sibling_success"] = float(
     sum(b["sibling_success"] for b in boundaries) / visited)
-  merged = _mean_metrics(updates)
+  merged = ppo.merge_update_metrics(updates)
   merged["num_updates"] = float(sum(u["num_updates"] for u in updates))
   metrics.update(_prefixed("train", merged))
   return StepOutput(state, metrics, tokens, boundaries)
@@ -532,3 +587,148 @@ def evaluate(backend: Backend, params, env: Env, indices: Sequence[int], *,
   starts = [env.initial_state(i, split) for i in indices]
   rng = jax.random.key(0) if rng is None else rng
   return multiturn.rollout_stats(backend.rollout(params, starts, rng, greedy=greedy))
+
+
+class RTPO:
+  """Every mode of experiments/rtpo.py (configs/rtpo_*.py); a `training.loop.Method`.
+
+  `config.method` is `sft` (the cold start on the env's demonstrations) or one of `METHODS`.
+  Each step draws its episodes from `(config.seed, step)` only, so a resumed run sees the same
+  ones; the tokens generated for training add up in `budget/generated_tokens`, and the run
+  stops once they reach `config.max_generated_tokens` (0: no budget), so methods compare at
+  equal sampling budgets.
+  """
+
+  # RTPO's number of updates per step varies with the boundaries it trains; the schedule's
+  # horizon is `config.steps` (the RL configs fix `config.optimizer.decay_steps` anyway).
+  updates_per_step = 1
+
+  def __init__(self, config):
+    if config.method not in MODES:
+      raise ValueError(f"config.method={config.method!r}; valid: {', '.join(MODES)}")
+    self.config = config
+    self.name = config.method
+    self.sft_mode = config.method == SFT
+    self.generated_tokens = 0  # tokens sampled for training so far (the budget's count)
+    self.wall_s = 0.0  # seconds spent in steps so far, across restarts
+
+  def build_model(self, run: loop.Run):
+    config = self.config
+    self.tokenizer = multiturn.build_tokenizer(config.tokenizer)
+    try:
+      self.env = get_env(config.env, **dict(config.env_knobs))
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"config.env / config.env_knobs: {e}") from None
+    self.context = make_context(config.context.to_dict(), tokenizer=self.tokenizer)
+    self.method = None
+    if not self.sft_mode:
+      self.method = MethodConfig(
+        method=config.method, group_size=config.group_size,
+        trunks_per_prompt=config.trunks_per_prompt, advantage=config.advantage,
+        advantage_eps=config.advantage_eps, continuation=config.continuation,
+        rho_min=config.rho_min, rho_max=config.rho_max,
+        skip_zero_advantage=config.skip_zero_advantage)
+      # Flat GRPO's rows are fixed; turn rows and RTPO's siblings vary per step, and
+      # `ppo.ppo_mini_batches` names the key where a step's rows do not divide.
+      rows = config.prompts_per_step * config.group_size
+      if config.method == "flat_grpo" and rows % config.ppo_mini_batches:
+        raise ValueError(f"config.ppo_mini_batches={config.ppo_mini_batches} must divide the "
+                         f"{rows} episodes of a step (prompts_per_step × group_size)")
+    self.model = run_setup.build_model(config, self.tokenizer, run.start, run.train_mesh,
+                                       run.train_rules)
+    logging.info("%s on %s (K=%d)", config.method, config.env, self.env.horizon)
+    return self.model
+
+  def start(self, run: loop.Run, state) -> None:
+    config, placement = self.config, run.placement
+    self.run = run
+    # The reference of a KL term is the starting policy (the SFT one), also after a restart.
+    reference = jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None
+    self.learner = Learner(
+      self.model, self.tokenizer, run.optimizer, env=self.env, context=self.context,
+      loss=config.loss.name, loss_kwargs={k: v for k, v in config.loss.items() if k != "name"},
+      max_turn_tokens=config.max_turn_tokens, max_context_len=config.max_context_len,
+      flat_len=config.flat_len, temperature=config.temperature, top_k=config.top_k,
+      top_p=config.top_p, num_micro_batches=config.num_micro_batches,
+      ppo_epochs=config.ppo_epochs, ppo_mini_batches=config.ppo_mini_batches,
+      reference_params=reference, add_bos=config.add_bos, bucket_widths=config.bucket_widths,
+      sampler_batch_buckets=tuple(config.sampler_batch_buckets),
+      sampler_len_buckets=tuple(config.sampler_len_buckets), mesh=run.train_mesh,
+      rules=run.train_rules, sample_mesh=placement.sample_mesh,
+      sample_rules=placement.sample_rules)
+    self.rng = jax.random.key(config.seed + 1)
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"generated_tokens": self.generated_tokens, "wall_s": self.wall_s}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    self.generated_tokens = int(state.get("generated_tokens", 0))
+    self.wall_s = float(state.get("wall_s", 0.0))
+
+  def done(self, step: int) -> bool:
+    del step
+    budget = self.config.max_generated_tokens
+    return bool(budget) and self.generated_tokens >= budget
+
+  def episodes(self, step: int) -> list[int]:
+    """Training episode indices of `step`: a function of (seed, step) only."""
+    config = self.config
+    size = config.episodes_per_step if self.sft_mode else config.prompts_per_step
+    draw = np.random.default_rng([config.seed, step])
+    return [int(i) for i in draw.choice(config.num_train_episodes, size=size, replace=False)]
+
+  def step(self, state, step: int):
+    config, learner = self.config, self.learner
+    tic = time.perf_counter()
+    indices = self.episodes(step)
+    if self.sft_mode:
+      turns = multiturn.demonstration_turns(self.env, indices, tokenizer=self.tokenizer,
+                                            context=self.context,
+                                            max_context_len=config.max_context_len,
+                                            add_bos=config.add_bos)
+      state, update = learner.sft(state, learner.turn_batch(turns, np.zeros(len(turns))))
+      record = {f"train/{k}": v for k, v in update.items()}
+      step_tokens = 0
+    else:
+      out = method_step(
+        state, learner, [self.env.initial_state(i, "train") for i in indices],
+        config=self.method, rng=jax.random.fold_in(self.rng, step),
+        shuffle=np.random.default_rng([config.seed, step, 1]))
+      state, record, step_tokens = out.state, out.metrics, out.generated_tokens
+    self.generated_tokens += step_tokens
+    elapsed = time.perf_counter() - tic
+    self.wall_s += elapsed
+    record.update({"budget/generated_tokens": self.generated_tokens,
+                   "budget/step_tokens": step_tokens, "time/step": elapsed,
+                   "time/wall": self.wall_s})
+    if self.done(step) and jax.process_index() == 0:
+      print(f"generated-token budget reached: {self.generated_tokens} >= "
+            f"{config.max_generated_tokens} after step {step}")
+    return state, record
+
+  def evaluate(self, state, step: int) -> dict[str, float]:
+    config = self.config
+    tic = time.perf_counter()
+    indices = range(config.eval_episodes)
+    metrics = evaluate(self.learner, state.params, self.env, indices, split=config.eval_split)
+    record = {f"eval/{k}": v for k, v in metrics.items()}
+    if config.eval_sampled:
+      # The same key at every evaluation, so the curve is not noisier than the policy.
+      sampled = evaluate(self.learner, state.params, self.env, indices, split=config.eval_split,
+                         greedy=False, rng=jax.random.key(config.seed + 2))
+      record.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
+    record["eval/time"] = time.perf_counter() - tic
+    record["budget/generated_tokens"] = self.generated_tokens
+    return record
+
+  def progress(self, record):
+    shown = {"success": record.get("rollout/success"), "nll": record.get("train/nll"),
+             "tokens": self.generated_tokens}
+    return {k: v for k, v in shown.items() if v is not None}
+
+  def summary(self, records) -> str:
+    line = loop.eval_summary(records, "eval/success", "held-out greedy success")
+    if not line:
+      return ""
+    return (f"{self.config.method} K={self.env.horizon}: {line} ({self.generated_tokens} "
+            f"generated tokens, {self.wall_s:.0f} s)")

@@ -44,7 +44,9 @@ import numpy as np
 from jaxrl_post import tokenizers as tokenizers_lib
 from jaxrl_post.envs import STOP_STRINGS, Env, EnvState, Segment, Trajectory, Turn
 from jaxrl_post.envs.context import ContextFn, play
-from jaxrl_post.sampling import FINISH_EOS, FINISH_LENGTH, FINISH_NAMES, FINISH_STOP, Sampler
+from jaxrl_post.parallel import multihost
+from jaxrl_post.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_NAMES, FINISH_STOP
+from jaxrl_post.sampling.sampler import Sampler
 from jaxrl_post.tokenizers import Tokenizer
 
 # ---- tokenizers and stop strings ----
@@ -133,7 +135,8 @@ class SamplerPolicy:
 
   Attributes:
     sampler: the sampler (with a tokenizer).
-    params: model parameters (`nnx.state(model)` or a train state's `params`).
+    params: model parameters (`nnx.state(model)` or a train state's `params`), in the sampler's
+      layout when it has a mesh (`parallel.reshard.reshard_state`).
     max_turn_tokens: the per-turn generation budget.
     temperature, top_k, top_p, greedy: decoding settings (log-probs are at `temperature`).
     stop_strings: strings that end a turn.
@@ -165,7 +168,9 @@ class SamplerPolicy:
       stop_tokens=self._stop_ids,
       rng=rng,
     )
-    tokens, mask, logp, finish = jax.device_get(
+    # Whole on every process (the sampler's mesh may span several): each process then steps the
+    # same environments the same way, and the batches it builds are the same global values.
+    tokens, mask, logp, finish = multihost.to_host(
       (out.completion_tokens, out.completion_mask, out.logp, out.finish_reason)
     )
     generations = []
