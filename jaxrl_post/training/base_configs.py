@@ -56,22 +56,33 @@ def precision_config(config: ml_collections.ConfigDict) -> None:
     config[key] = ml_collections.config_dict.placeholder(kind)
 
 
-def _common(seed: int = 0) -> ml_collections.ConfigDict:
+def loop_config(seed: int = 0) -> ml_collections.ConfigDict:
+  """The keys `training.loop.train` reads, with defaults; a method's config adds its own.
+
+  `steps`, `optimizer`, `eval_every` and `checkpoint_every` have no default: each method's
+  config sets them.
+  """
   config = ml_collections.ConfigDict()
   config.seed = seed
-  config.tokenizer = "char"
-  config.model = "small"
-  config.model_overrides = ml_collections.ConfigDict()
-  precision_config(config)
-  config.num_train_examples = 200_000
   config.log_every = 10
   config.keep_checkpoints = 2
   config.resume = ""
   config.init_from = ""
   config.max_nonfinite_streak = 5
+  config.eval_at_start = True
   # Devices and sharding rules, one override each (`--config.mesh.ici_tensor=2`,
   # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
   config.mesh = mesh_config()
+  return config
+
+
+def _common(seed: int = 0) -> ml_collections.ConfigDict:
+  config = loop_config(seed)
+  config.tokenizer = "char"
+  config.model = "small"
+  config.model_overrides = ml_collections.ConfigDict()
+  precision_config(config)
+  config.num_train_examples = 200_000
   # Logical data shards (tasks.data.ShardedLoader); 0 = one per process. The
   # data order depends on this number only, so fix it (e.g. to the largest
   # process count you will use) to compare or resume runs across process counts.
