@@ -22,12 +22,14 @@ control. With `--config.pointer_head=false --config.conv_stem=false` (the first 
 F1 ≈ 0.035 and every count-reward RL run collapses to no boxes (docs/results.md says why).
 
 Variants (after the colon): `runlocal`, `phase=sft|rl|sft_more`, `seed=<n>`, `steps=<n>`,
-`detach=<bool>` (existence-token stop-gradient in RL), `clip_cov=<bool>`.
+`detach=<bool>` (existence-token stop-gradient in RL), `clip_cov=<bool>`. Devices:
+`--config.mesh.ici_data/ici_fsdp/ici_tensor` (jaxrl_post.parallel.mesh).
 """
 
 import ml_collections
 
 from jaxrl_post.config_args import parse_arg
+from jaxrl_post.parallel.mesh import mesh_config
 from jaxrl_post.training.base_configs import optimizer_config
 
 PHASES = ("sft", "rl", "sft_more")
@@ -43,6 +45,9 @@ def get_config(arg=None):
   config.seed = arg.seed
   config.init_from = ""
   config.resume = ""
+  # Devices and sharding rules (`--config.mesh.ici_data=2 --config.mesh.ici_fsdp=4`,
+  # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
+  config.mesh = mesh_config()
 
   # ---- Model: a `tiny`-family decoder with a patch encoder and coord/size heads ----
   config.model = "tiny"

@@ -13,8 +13,8 @@ Host side (numpy, float64; the reward path of the trainer):
 * `linear_assignment` — an exact min-cost (or max-weight) rectangular assignment, a
   shortest-augmenting-path Hungarian solver in numpy, so scipy is not needed at run time.
 * `match` — the maximum-total-IoU one-to-one matching among pairs with IoU > τ → `MatchResult`.
-* `count_reward`, `f1_reward`, `pq_reward` (named in `SET_REWARDS` as "count", "f1", "pq") and
-  `reward_from_counts`.
+* `count_reward`, `f1_reward`, `pq_reward` (named in `SET_REWARDS` as "count", "f1", "pq"),
+  `reward_from_counts`, and over a batch of rollouts `batch_rewards` / `count_rewards`.
 * Evaluation: `nms`, `redundancy_rate`, `threshold_counts`, `sample_f1`, `macro_f1`,
   `positive_micro_f1`, `presence_mcc` and `evaluate`, which computes them all in one pass.
 
@@ -401,6 +401,26 @@ def batch_rewards(kind: str, preds: Sequence, gts: Sequence, **kwargs) -> np.nda
     raise ValueError(f"{len(preds)} prediction sets but {len(gts)} ground-truth sets")
   fn = SET_REWARDS.get(kind)
   return np.array([fn(p, g, **kwargs) for p, g in zip(preds, gts)], dtype=np.float64)
+
+
+def count_rewards(preds: Sequence, gts: Sequence, *, kind: str = "count",
+                  iou_threshold: float = 0.5, fp_weight: float = 0.3) -> np.ndarray:
+  """`float32[batch]` set rewards of a batch of rollouts (exact Hungarian `match` at IoU > τ).
+
+  `SET_REWARDS[kind]` per (prediction set, ground-truth set) pair, with the knobs of the RL
+  config: τ = `iou_threshold` for every kind, α = `fp_weight` for "count" (r = −(FN + α·FP),
+  Falcon Perception-HD, arXiv 2608.18881), which the other kinds do not take.
+
+  Examples:
+    >>> gt = [[[0.25, 0.25, 0.2, 0.2], [0.75, 0.75, 0.2, 0.2]]]
+    >>> count_rewards([[[0.25, 0.25, 0.2, 0.2]] * 3], gt).tolist()  # −(1 + 0.3·2)
+    [-1.600000023841858]
+  """
+  kwargs = dict(iou_threshold=iou_threshold)
+  if kind == "count":
+    kwargs["fp_weight"] = fp_weight
+  fn = SET_REWARDS.get(kind)
+  return np.array([fn(p, g, **kwargs) for p, g in zip(preds, gts)], np.float32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Chains, multi-head log-probs, SFT / GRPO losses, decode loop, evaluation (arXiv 2608.18881)."""
+"""Perception (arXiv 2608.18881): chains and the decode loop (sampling.detection), multi-head
+log-probs, SFT / GRPO losses (losses.perception), count rewards, the method's evaluation."""
 
 import jax
 import jax.numpy as jnp
@@ -7,10 +8,13 @@ import optax
 import pytest
 from flax import nnx
 
+from jaxrl_post.losses.perception import GRPOAux, HeadLogProbs, clip_cov_keep, detection_sft_loss
+from jaxrl_post.methods import perception as method
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.perception import Chain, HeadLogits, PerceptionConfig, PerceptionDetector
+from jaxrl_post.rewards.set_matching import count_rewards
+from jaxrl_post.sampling import detection as perc
 from jaxrl_post.tasks import dense_scenes as ds
-from jaxrl_post.training import perception as perc
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
 BINS = perc.BinSpec(coord_bins=32, size_bins=8, image_size=16)
@@ -154,14 +158,14 @@ def test_clip_cov_selects_only_inside_bounds():
   adv = jnp.array([[1.0, -1.0, -2.0, 1.0, 2.0, 0.0]])
   active = jnp.array([[True, True, True, True, True, False]])
   # Means over active: logp −4.2, adv 0.2 → Cov = [2.56, 0.96, 10.56, 1.76, 0.36, ·].
-  keep = perc.clip_cov_keep(logp, adv, active, jax.random.key(0), ratio=0.5, low=1.0, high=5.0)
+  keep = clip_cov_keep(logp, adv, active, jax.random.key(0), ratio=0.5, low=1.0, high=5.0)
   dropped = np.flatnonzero(np.asarray(keep[0]) == 0)
   # ⌊0.5·5⌋ = 2 of the eligible tokens {0, 3}.
   assert sorted(dropped.tolist()) == [0, 3]
-  keep = perc.clip_cov_keep(logp, adv, active, jax.random.key(1), ratio=1e-4, low=1.0, high=5.0)
+  keep = clip_cov_keep(logp, adv, active, jax.random.key(1), ratio=1e-4, low=1.0, high=5.0)
   dropped = np.flatnonzero(np.asarray(keep[0]) == 0)
   assert len(dropped) == 1 and dropped[0] in (0, 3)  # max(⌊ratio·N⌋, 1) = 1.
-  keep = perc.clip_cov_keep(logp, adv, active, jax.random.key(1), ratio=0.5, low=20.0, high=50.0)
+  keep = clip_cov_keep(logp, adv, active, jax.random.key(1), ratio=0.5, low=20.0, high=50.0)
   assert np.asarray(keep).min() == 1.0
 
 
@@ -169,7 +173,7 @@ def test_clip_cov_selects_only_inside_bounds():
 
 
 def _grpo_batch(model, scenes, g=4, seed=0):
-  sampler = perc.make_sampler(nnx.split(model)[0], perc.chain_length(3), temperature=1.0)
+  sampler = perc.DetectionSampler(nnx.split(model)[0], perc.chain_length(3), temperature=1.0)
   images = np.repeat(np.stack([s.image for s in scenes]), g, axis=0)
   queries = np.repeat(np.stack([s.query.tokens for s in scenes]), g, axis=0)
   rollout = jax.device_get(sampler(nnx.state(model, nnx.Param), images, queries,
@@ -178,7 +182,7 @@ def _grpo_batch(model, scenes, g=4, seed=0):
   return rollout, dict(images=images, queries=queries, chain=np.stack(rollout.chain, axis=1),
                        mask=rollout.mask, rollout_logp=rollout.logp, adv=adv,
                        num_sequences=np.float32(images.shape[0]),
-                       key=jax.random.key_data(jax.random.key(0)))
+                       clip_cov_step=np.int32(0))
 
 
 def test_rollout_logp_matches_teacher_forcing_and_grpo_loss_by_hand():
@@ -193,7 +197,8 @@ def test_rollout_logp_matches_teacher_forcing_and_grpo_loss_by_hand():
     if n < m.size:
       assert row[n - 1] in (ds.END, ds.NONE)
   max_tokens = perc.chain_length(3)
-  loss_fn = jax.jit(lambda mdl, b: perc.grpo_loss(mdl, b, max_tokens=max_tokens, clip_cov=False))
+  loss_fn = jax.jit(lambda mdl, b: method.grpo_loss(mdl, b, max_tokens=max_tokens,
+                                                    clip_cov=False))
   loss, aux = loss_fn(model, batch)
   # The sampler (cached decode) and the trainer (teacher forcing) agree up to float noise: IS ≈ 1.
   assert float(aux["logp_mismatch"]) < 1e-4
@@ -212,12 +217,12 @@ def test_grpo_step_has_nonzero_gradient_and_no_size_head_gradient():
 
   def loss(params):
     m = nnx.merge(nnx.split(model)[0], params)
-    return perc.grpo_loss(m, batch, max_tokens=8)[0]
+    return method.grpo_loss(m, batch, max_tokens=8)[0]
 
   grads = jax.jit(jax.grad(loss))(nnx.state(model, nnx.Param))
   assert float(optax.tree.norm(grads)) > 0
   assert float(jnp.abs(grads["coord_head"][...]).sum()) > 0
-  # The size head is decoded greedily and carries no gradient (spec §4.3).
+  # The size head is decoded greedily and carries no gradient (arXiv 2608.18881).
   assert float(jnp.abs(grads["size_head"][...]).sum()) == 0.0
 
 
@@ -225,8 +230,8 @@ def test_sft_step_lowers_loss_without_recompiling():
   model = _model(seed=5)
   optimizer = optax.adam(3e-3)
   state = create_train_state(model, optimizer, jax.random.key(0))
-  step = make_train_step(nnx.split(model)[0], perc.sft_loss, optimizer, shared=("num_tokens",))
-  batch = perc.sft_batch(_scenes(8), BINS, max_instances=3)
+  step = make_train_step(nnx.split(model)[0], method.sft_loss, optimizer, shared=("num_tokens",))
+  batch = method.sft_batch(_scenes(8), BINS, max_instances=3)
   losses = []
   for _ in range(6):
     state, metrics = step(state, batch)
@@ -238,11 +243,11 @@ def test_sft_step_lowers_loss_without_recompiling():
 
 def test_greedy_sampler_is_deterministic_and_predict_decodes():
   model = _model(seed=6)
-  sampler = perc.make_sampler(nnx.split(model)[0], perc.chain_length(4), temperature=0.0)
+  sampler = perc.DetectionSampler(nnx.split(model)[0], perc.chain_length(4), temperature=0.0)
   scenes = _scenes(5)
   params = nnx.state(model, nnx.Param)
-  a, stats_a = perc.predict(sampler, params, scenes, BINS, batch_size=4)
-  b, _ = perc.predict(sampler, params, scenes, BINS, batch_size=4, rng=jax.random.key(9))
+  a, stats_a = method.predict(sampler, params, scenes, BINS, batch_size=4)
+  b, _ = method.predict(sampler, params, scenes, BINS, batch_size=4, rng=jax.random.key(9))
   assert len(a) == 5 and len(stats_a) == 5
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x, y)
@@ -255,12 +260,12 @@ def test_evaluate_predictions_perfect_duplicates_and_negatives():
   scenes = ds.count_eval_set(0, 1, buckets=((0, 0), (1, 10), (11, 50)), negatives=2)
   gts = [s.boxes.astype(np.float64) for s in scenes]
   stats = [perc.DecodeStats()] * len(scenes)
-  perfect = perc.evaluate_predictions(gts, scenes, stats)
+  perfect = method.evaluate_predictions(gts, scenes, stats)
   assert perfect["f1@0.5"] == 1.0 and perfect["f1"] == 1.0 and perfect["redundancy"] == 0.0
   assert perfect["mcc"] == 1.0 and perfect["negative_accuracy"] == 1.0
   assert perfect["f1@0.5/1-10"] == 1.0 and perfect["count_ratio"] == 1.0
   doubled = [np.concatenate([g, g]) for g in gts]
-  dup = perc.evaluate_predictions(doubled, scenes, stats)
+  dup = method.evaluate_predictions(doubled, scenes, stats)
   # Every box twice: F1 = 2·1/(2·1 + 1) = 2/3 raw, 1 after NMS; half the boxes are redundant.
   np.testing.assert_allclose(dup["f1@0.5"], 2 / 3)
   assert dup["nms_f1@0.5"] == 1.0 and dup["redundancy"] == 0.5
@@ -269,7 +274,25 @@ def test_evaluate_predictions_perfect_duplicates_and_negatives():
 def test_count_rewards_match_set_matching():
   gt = [np.array([[0.25, 0.25, 0.2, 0.2], [0.75, 0.75, 0.2, 0.2]])]
   pred = [np.array([[0.25, 0.25, 0.2, 0.2]] * 3)]
-  np.testing.assert_allclose(perc.count_rewards(pred, gt), [-1.6])  # −(1 + 0.3·2)
-  np.testing.assert_allclose(perc.count_rewards(pred, gt, kind="f1"), [0.4])  # 2/(2+2+1)
+  np.testing.assert_allclose(count_rewards(pred, gt), [-1.6])  # −(1 + 0.3·2)
+  np.testing.assert_allclose(count_rewards(pred, gt, kind="f1"), [0.4])  # 2/(2+2+1)
   with pytest.raises(KeyError):
-    perc.count_rewards(pred, gt, kind="nope")
+    count_rewards(pred, gt, kind="nope")
+
+
+# ---- the pure losses ----
+
+
+def test_sft_loss_is_the_sum_of_the_head_nlls_and_grpo_aux_declares_its_additive_fields():
+  rng = np.random.default_rng(3)
+  lp = HeadLogProbs(*(jnp.asarray(-rng.random((2, 4)), jnp.float32) for _ in range(3)),
+                    existence=jnp.zeros((2, 4), bool))
+  mask = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+  loss, aux = detection_sft_loss(lp, mask, jnp.float32(5.0))
+  expected = -float(np.sum(np.where(mask, np.asarray(lp.total), 0.0))) / 5
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
+  np.testing.assert_allclose(float(sum(aux.values())), float(loss), rtol=1e-6)
+  # Only the loss term adds up over micro-batches; the rest are the call's own means / maxima.
+  assert GRPOAux.ADDITIVE == ("pg_loss",)
+  aux = GRPOAux(*(jnp.float32(i) for i in range(len(GRPOAux._fields))))
+  assert aux.additive() == {"pg_loss": 0.0}
