@@ -1,63 +1,38 @@
-r"""Builds a model and generates from it with the KV cache (the first-run demo).
-
-Until the GRPO experiment lands this is the README's first command:
+r"""Generates from a model with `jaxrl_post.sampling.Sampler`, the sampler the RL binaries use.
 
   python experiments/generate_demo.py                       # `small`, random init, CPU
   python experiments/generate_demo.py --model=tiny --max_new_tokens=16
   python experiments/generate_demo.py --hf_checkpoint=/path/to/Qwen3-0.6B \
       --prompt="The capital of France is"
 
-A randomly initialised model prints gibberish; the point is the machinery:
-preset → NNX model → tokenizer → jitted prefill → jitted decode loop over a
-donated cache, with tokens/s. A Hugging Face directory (config.json,
-safetensors, tokenizer.json) loads through `models.hf.load_hf` instead.
+A randomly initialised model prints gibberish; the point is the machinery on its own:
+preset (or a Hugging Face directory with config.json, safetensors and tokenizer.json, loaded by
+`models.hf.load_hf`) → NNX model → tokenizer → `Sampler.generate` (prompts padded to a bucket,
+jitted prefill, jitted decode loop over the KV cache that stops at EOS) → `Sampler.decode_text`.
+`--batch` copies of the prompt are decoded greedily, so every row prints the same text; the
+timed call is the second one (the first compiles), and tokens/s counts the tokens generated,
+prefill included in the time.
 """
 
-import functools
 import time
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 
 from jaxrl_post import tokenizers
-from jaxrl_post.models import CausalLM, default_positions, get_model_config
+from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.models.hf import load_hf
+from jaxrl_post.sampling import FINISH_NAMES, Sampler
 
 _MODEL = flags.DEFINE_string("model", "small", "Model preset (jaxrl_post.models.configs).")
 _HF_CHECKPOINT = flags.DEFINE_string("hf_checkpoint", None,
                                      "Hugging Face checkpoint directory; overrides --model.")
 _PROMPT = flags.DEFINE_string("prompt", "12+7=", "Prompt text.")
-_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 48, "Tokens to generate.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 48, "Most tokens generated a row.")
 _BATCH = flags.DEFINE_integer("batch", 4, "Copies of the prompt decoded together.")
 _SEED = flags.DEFINE_integer("seed", 0, "Initialisation seed.")
-
-
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _greedy(graphdef, state, tokens, mask, max_new_tokens):
-  model = nnx.merge(graphdef, state)
-  batch, prompt_len = tokens.shape
-  cache = model.init_cache(batch, prompt_len + max_new_tokens)
-  positions = default_positions(mask)
-  logits, cache = model(tokens, positions=positions, attention_mask=mask, cache=cache)
-  first = jnp.argmax(logits[:, -1], -1)
-
-  def body(i, carry):
-    out, token, position, cache = carry
-    logits, cache = model(token[:, None], positions=position[:, None], cache=cache)
-    token = jnp.argmax(logits[:, -1], -1)
-    return out.at[:, i].set(token), token, position + 1, cache
-
-  out = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(first)
-  init = (out, first, positions[:, -1] + 1, cache)
-  return jax.lax.fori_loop(1, max_new_tokens, body, init)[0]
-
-
-def greedy_generate(model: CausalLM, tokens: jax.Array, mask: jax.Array, max_new_tokens: int):
-  """Greedy decoding: prefill, then a `fori_loop` of cached single-token steps, in one jit."""
-  graphdef, state = nnx.split(model)
-  return _greedy(graphdef, state, tokens, mask, max_new_tokens)
 
 
 def main(argv):
@@ -74,18 +49,24 @@ def main(argv):
                model.config.num_params() / 1e6)
 
   # ---- Generate ----
-  tokens, mask = tokenizer.encode_batch([_PROMPT.value] * _BATCH.value)
-  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
-  greedy_generate(model, tokens, mask, _MAX_NEW_TOKENS.value).block_until_ready()  # compile
+  sampler = Sampler(model, tokenizer)
+  prompts = [_PROMPT.value] * _BATCH.value
+
+  def generate():
+    rollout = sampler.generate(None, prompts, max_new_tokens=_MAX_NEW_TOKENS.value, greedy=True)
+    return jax.block_until_ready(rollout)
+
+  generate()  # Compiles the prefill and decode kernels for this batch and prompt bucket.
   start = time.perf_counter()
-  out = greedy_generate(model, tokens, mask, _MAX_NEW_TOKENS.value)
-  out.block_until_ready()
+  rollout = generate()
   seconds = time.perf_counter() - start
-  completion = tokenizer.decode([int(t) for t in out[0]])
+  generated = int(np.sum(jax.device_get(rollout.completion_mask)))
+  finish = FINISH_NAMES[int(rollout.finish_reason[0])]
   print(f"prompt:     {_PROMPT.value!r}")
-  print(f"completion: {completion!r}")
-  print(f"{out.size / seconds:,.0f} tokens/s ({_BATCH.value} rows × {_MAX_NEW_TOKENS.value} "
-        f"tokens in {seconds:.3f} s, prefill included, on {jax.devices()[0].platform})")
+  print(f"completion: {sampler.decode_text(rollout)[0]!r} (finished by {finish})")
+  print(f"{generated / seconds:,.0f} tokens/s ({generated} tokens generated over {_BATCH.value} "
+        f"rows of at most {_MAX_NEW_TOKENS.value} in {seconds:.3f} s, prefill included, on "
+        f"{jax.devices()[0].platform})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""The README's first command, shrunk: the demo binary runs end to end."""
+"""experiments/generate_demo.py, shrunk: a model, `Sampler.generate`, the decoded text, tokens/s."""
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,4 +17,13 @@ def test_generate_demo_runs():
      "--max_new_tokens=6", "--batch=2", "--prompt=3+4="],
     capture_output=True, text=True, env=env, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert "completion:" in result.stdout and "tokens/s" in result.stdout
+  lines = result.stdout.splitlines()
+  assert lines[0] == "prompt:     '3+4='"
+  completion = re.fullmatch(r"completion: (['\"].*['\"]) \(finished by (eos|length|stop)\)",
+                            lines[1])
+  assert completion, lines[1]
+  # A character tokenizer: at most one character a generated token (EOS prints nothing).
+  assert len(ast.literal_eval(completion.group(1))) <= 6
+  speed = re.fullmatch(r"[\d,]+ tokens/s \((\d+) tokens generated over 2 rows of at most 6 .*",
+                       lines[2])
+  assert speed and 2 <= int(speed.group(1)) <= 2 * 6, lines[2]
