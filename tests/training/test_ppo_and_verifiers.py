@@ -159,3 +159,23 @@ def test_paired_gain_golden():
   assert gain == 0.5
   with pytest.raises(ValueError, match="same prompts"):
     evaluation.paired_gain(np.zeros(3), np.zeros(4))
+
+
+def test_ppo_phase_takes_epochs_times_mini_batches_updates_over_every_row():
+  rows = 8
+  batch = {"completion_mask": np.ones((rows, 3), bool), "adv": np.arange(rows, dtype=np.float32)}
+  seen = []
+
+  def step_fn(state, mini_batch):
+    seen.append(np.asarray(mini_batch["adv"]))
+    return state + 1, {"loss": np.float32(len(seen)), "skipped": np.int32(0),
+                       "nonfinite_streak": np.int32(0)}
+
+  state, updates = ppo.ppo_phase(step_fn, 0, batch, epochs=2, mini_batches=4,
+                                 rng=np.random.default_rng(0), put=lambda b: b)
+  assert state == 8 and len(updates) == 8 and all(len(s) == 2 for s in seen)
+  for epoch in (seen[:4], seen[4:]):  # each epoch is a permutation of the rows
+    np.testing.assert_array_equal(np.sort(np.concatenate(epoch)), np.arange(rows))
+  assert any((a != b).any() for a, b in zip(seen[:4], seen[4:]))  # reshuffled per epoch
+  merged = ppo.merge_update_metrics(updates)
+  assert merged == {"loss": 4.5, "skipped": 0.0, "nonfinite_streak": 0.0, "num_updates": 8.0}
