@@ -1,4 +1,4 @@
-r"""Re-evaluates the LM runs of an experiments/pcqa.py workdir with the mean of K sampled scores.
+r"""Re-evaluates the LM runs of a PCQA grid workdir with the mean of K sampled scores.
 
   python scripts/pcqa_reeval.py --workdir=/tmp/pcqa_grid --out=docs/pcqa_table_sampled.md
 
@@ -8,10 +8,12 @@ every test cloud as the mean of `--num_samples` (8) answers sampled at the train
 temperature (`config.grpo.temperature`; unparseable samples dropped from the mean, a cloud with
 no parseable sample falls back to 3.0 and is counted), and writes `final_sampled.json` next to
 `final.json`. The regression runs are copied unchanged (`final.json` → `final_sampled.json`).
-Then the table (same format as scripts/pcqa_table.py) goes to `--out` and stdout.
+Then the table (scripts/pcqa_table.py's `aggregate_runs` / `format_table`) goes to `--out` and
+stdout.
 """
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -20,17 +22,26 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxrl_post.methods import pcqa
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.point_cloud import PointCloudLM
 from jaxrl_post.tasks import point_clouds as pc
 from jaxrl_post.tokenizers import get_tokenizer
-from jaxrl_post.training import pcqa
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer
 
 LM_METHODS = ("sft", "rank", "rank_gauss", "full")
 METHODS = (*LM_METHODS, "regression")
 OUT_NAME = "final_sampled.json"
+
+
+def load_table_module():
+  """scripts/pcqa_table.py (its `aggregate_runs` / `format_table`), imported by path."""
+  spec = importlib.util.spec_from_file_location(
+    "pcqa_table", Path(__file__).resolve().parent / "pcqa_table.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def main():
@@ -92,8 +103,9 @@ def main():
             f"({result['time/eval']:.0f}s)", flush=True)
   print(f"total {time.perf_counter() - total:.0f}s", flush=True)
 
-  table = pcqa.aggregate_runs(workdir, METHODS, datasets, source=source, filename=OUT_NAME)
-  text = pcqa.format_table(table, datasets, source=source)
+  tables = load_table_module()
+  table = tables.aggregate_runs(workdir, METHODS, datasets, source=source, filename=OUT_NAME)
+  text = tables.format_table(table, datasets, source=source)
   Path(args.out).write_text(text + "\n")
   print(text)
   for method, row in table.items():

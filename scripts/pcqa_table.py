@@ -1,6 +1,11 @@
-r"""Table and plots of an experiments/pcqa.py workdir (PCQA-R1 reproduction, arXiv 2608.18627).
+r"""Table and plots of a PCQA grid workdir (PCQA-R1 reproduction, arXiv 2608.18627).
 
+  python scripts/pcqa_grid.py --config=configs/pcqa_synthetic.py --workdir=/tmp/pcqa
   python scripts/pcqa_table.py --workdir=/tmp/pcqa --out=docs/pcqa
+
+The grid's runs are `<workdir>/seed_<s>/<method>/`, each with the `final.json` of its last
+evaluation (experiments/pcqa.py); `aggregate_runs` and `format_table` (also used by
+scripts/pcqa_grid.py and scripts/pcqa_reeval.py) make the table.
 
 Writes `<out>_table.md` (PLCC / SRCC per dataset, OOD and overall averages, mean ± std over
 seeds; with a `capable=<n>` workdir its first row is the `capable` stage, the RL runs' start),
@@ -11,7 +16,9 @@ seeds; with a `capable=<n>` workdir its first row is the `capable` stage, the RL
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -19,7 +26,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_post.training import pcqa  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
 # "capable": the shared SFT stage the LM methods start from with `capable=<n>` (a row only when
@@ -28,6 +34,74 @@ METHODS = ("capable", "sft", "rank", "rank_gauss", "full", "regression")
 LABELS = {"capable": "capable start (SFT)", "sft": "SFT only", "rank": "ranking-only RL",
           "rank_gauss": "+ Gaussian",
           "full": "+ cold start (PCQA-R1)", "regression": "regression baseline"}
+
+
+def correlations(final: Mapping[str, Any], datasets: Sequence[str]) -> dict[str, float]:
+  """Per-dataset PLCC / SRCC of one run; an undefined correlation of a constant predictor is 0.
+
+  A policy that writes the same score for every test sample (score std ≤ 1e-9: the float64
+  std of identical values is ~4e-16, not 0) has no ranking ability, but its correlations are
+  0/0 = NaN (or a meaningless fall-back of the logistic fit), which would drop it from every
+  average; it counts as 0 instead, and `<dataset>/constant` says so. Other NaNs stay NaN.
+  """
+  out = {}
+  for d in datasets:
+    constant = final.get(f"{d}/score_std", 1.0) <= 1e-9
+    out[f"{d}/constant"] = float(constant)
+    for m in ("plcc", "srcc"):
+      out[f"{d}/{m}"] = 0.0 if constant else final.get(f"{d}/{m}", float("nan"))
+  return out
+
+
+def aggregate_runs(workdir, methods: Sequence[str], datasets: Sequence[str], *,
+                   source: str, filename: str = "final.json") -> dict[str, dict[str, Any]]:
+  """Mean and std over seeds of each method's `final.json` under `workdir/seed_*/<method>/`.
+
+  Per run, PLCC / SRCC per dataset (`correlations`: a constant predictor counts 0), their
+  average over all datasets (`avg/…`) and over the targets other than `source` (`ood_avg/…`);
+  then mean and population std over seeds. Also the unparseable and constant-prediction shares
+  and the run time.
+
+  Returns:
+    `{method: {metric: [mean, std], "num_seeds": n}}`.
+  """
+  table: dict[str, dict[str, Any]] = {}
+  for method in methods:
+    finals = [json.loads(p.read_text())
+              for p in sorted(Path(workdir).glob(f"seed_*/{method}/{filename}"))]
+    if not finals:
+      continue
+    runs = []
+    for final in finals:
+      run = correlations(final, datasets)
+      for name, chosen in (("avg", datasets), ("ood_avg", [d for d in datasets if d != source])):
+        for m in ("plcc", "srcc"):
+          run[f"{name}/{m}"] = float(np.mean([run[f"{d}/{m}"] for d in chosen]))
+      for key in ["time/run", *(f"{d}/unparseable" for d in datasets)]:
+        if key in final:
+          run[key] = final[key]
+      runs.append(run)
+    row: dict[str, Any] = {"num_seeds": len(finals)}
+    for key in runs[0]:
+      values = [r[key] for r in runs if key in r]
+      row[key] = [float(np.mean(values)), float(np.std(values))]
+    table[method] = row
+  return table
+
+
+def format_table(table: Mapping[str, Mapping[str, Any]], datasets: Sequence[str], *,
+                 source: str) -> str:
+  """A markdown table: PLCC / SRCC per dataset (mean ± std over seeds), OOD average."""
+  cols = [f"{d}{' (ID)' if d == source else ''}" for d in datasets] + ["OOD avg", "all avg"]
+  lines = ["| method | seeds | " + " | ".join(cols) + " |",
+           "|---|---|" + "---|" * len(cols)]
+  for method, row in table.items():
+    cells = []
+    for prefix in [*datasets, "ood_avg", "avg"]:
+      p, s = row.get(f"{prefix}/plcc"), row.get(f"{prefix}/srcc")
+      cells.append("–" if p is None else f"{p[0]:.3f}±{p[1]:.3f} / {s[0]:.3f}±{s[1]:.3f}")
+    lines.append(f"| {method} | {row['num_seeds']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def _curves(workdir: Path, method: str, key: str):
@@ -49,8 +123,8 @@ def main():
   workdir = Path(args.workdir)
   config = json.loads(next(workdir.glob("seed_*/base/config.json")).read_text())
   datasets, source = config["datasets"].split(","), config["source"]
-  table = pcqa.aggregate_runs(workdir, METHODS, datasets, source=source)
-  text = pcqa.format_table(table, datasets, source=source)
+  table = aggregate_runs(workdir, METHODS, datasets, source=source)
+  text = format_table(table, datasets, source=source)
   Path(f"{args.out}_table.md").write_text(text + "\n")
   print(text)
   for method, row in table.items():
@@ -86,7 +160,7 @@ def main():
     steps, values = _curves(workdir, method, "reward/ranking")
     if len(steps):
       axes[1].plot(steps, values, label=LABELS[method])
-  axes[0].set(xlabel="step (cold start + GRPO, or SFT / regression)",
+  axes[0].set(xlabel="step of the run (GRPO, SFT or regression)",
               ylabel="cross-dataset SRCC", title="OOD-average SRCC during training")
   axes[1].set(xlabel="step", ylabel="mean r_rk", title="GRPO: Thurstone fidelity reward")
   for ax in axes:

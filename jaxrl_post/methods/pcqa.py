@@ -1,13 +1,35 @@
-"""PCQA-R1 training glue: prompts, templated rationales, SFT / GRPO / regression steps, evaluation.
+"""PCQA-R1 (arXiv 2608.18627) on synthetic point clouds: one stage or method per run.
 
-PCQA-R1 (arXiv 2608.18627) trains a multimodal LM to rate point-cloud quality with GRPO on
+PCQA-R1 trains a multimodal LM to rate point-cloud quality with GRPO on
 
   r^(k) = r_rk^(k) + w_fmt(t)·r_fmt + α·r_gs^(k)          (`rewards.ranking.total_reward`)
 
 after a one-epoch cold start on templated rationales ("PCQA-CoT"), and evaluates PLCC / SRCC
-within and across datasets (`rewards.quality_metrics`). This module holds the pieces between the
-data (`tasks.point_clouds`), the model (`models.point_cloud.PointCloudLM`) and the experiment
-binary (`experiments/pcqa.py`):
+within and across datasets (`rewards.quality_metrics`). A run is one `config.method`:
+
+  base        SFT on the rationale template with random words and scores (the format stage)
+  capable     SFT on the templated rationales (a capable start, from base)
+  cold_start  `cold_start_steps` of SFT on the rationales (full's first half)
+  sft         SFT on the rationales for the whole budget (cold start + RL steps)
+  rank        GRPO with the Thurstone fidelity reward only (α = 0)
+  rank_gauss  GRPO with ranking + Gaussian proximity (α = 1)
+  full        GRPO with ranking + Gaussian (α = 1) from a cold_start run: PCQA-R1
+  regression  the trunk + a scalar head, MSE on the normalised MOS (`losses.regression`)
+
+and every run but base starts from another's workdir (`config.init_from`: configs/
+pcqa_synthetic.py's `sweep` and scripts/pcqa_grid.py give the order). One step:
+
+  SFT         a batch of views → target completions → `losses.nll_loss` → one update
+  GRPO        a batch of views → K rollouts → parse scores → PCQA-R1 rewards → group
+              advantages (`rewards.ranking.rollout_rewards`) → reference log-probs → one update
+              of the clipped objective with a k3 KL (`losses.policy_loss`)
+  regression  a batch of views → ŷ → `losses.regression.mse_loss` → one update
+
+Evaluation: greedy answers (or ŷ) on the test splits of all datasets → PLCC after the
+4-parameter logistic, SRCC, per dataset and averaged in-domain + OOD and OOD only; the last
+evaluation also goes to `workdir/final.json` (scripts/pcqa_table.py reads it).
+
+The rest of this module is the method's text and model glue:
 
 * Text: `PROMPT`, the completion template
     <pcqa_reasoning>{object}, {degradation}, {band}.</pcqa_reasoning><answer>{score:.1f}</answer>
@@ -16,38 +38,49 @@ binary (`experiments/pcqa.py`):
 * Cold-start rationales (`cot_completion`): the fixed order of the paper's PCQA-CoT traces in
   miniature — object cue, dominant degradation and its severity, coarse quality band — written
   from hidden metadata and the MOS ("reverse reasoning"), with the MOS only in `<answer>`.
-* A "base" format stage (`base_completion`): the rationale template with random words and a
-  *random* score. It stands
-  in for the pretrained LMM of the paper, which already follows the output format but has never
-  seen quality labels; the "no cold start" RL variants start from it.
-* Jitted functions built once per process from the model's graphdef (`Kernels`): sampling K
-  rollouts from the multimodal prompt (`kernels.prefill` with `embeddings=`, `kernels.decode` on
-  the LM), teacher-forced scoring (`scoring.score_model` with `prompt_embeddings=`), and the
-  losses for `train_state.make_train_step`: SFT NLL, GRPO (`losses.policy_loss`, token level,
-  ε = 0.2, β = 0.04, k3 KL to the reference policy) and the MSE of the regression baseline.
-* `rollout_rewards` (parse → `total_reward` → group advantages) and `evaluate_lm` /
-  `evaluate_regressor` (greedy answers → `quality_metrics` per dataset; an unparseable answer
-  falls back to the middle of the scale, 3.0, as the released inference code does, and is counted).
+* The "base" format stage's targets (`base_completion`): the rationale template with random
+  words and a *random* score. It stands in for the pretrained LMM of the paper, which already
+  follows the output format but has never seen quality labels; the "no cold start" RL variants
+  start from it.
+* Jitted functions of the model's graphdef (`Kernels`): sampling K rollouts from the multimodal
+  prompt (`kernels.prefill` with `embeddings=`, `kernels.decode` on the LM), teacher-forced
+  scoring (`scoring.score_model` with `prompt_embeddings=`), and the model-level losses for
+  `train_state.make_train_step`: SFT NLL, GRPO (`losses.policy_loss`, token level, ε = 0.2,
+  β = 0.04, k3 KL to the reference policy) and the regression baseline's MSE.
+* `evaluate_lm` / `evaluate_regressor` (greedy answers → `quality_metrics` per dataset; an
+  unparseable answer falls back to the middle of the scale, 3.0, as the released inference
+  code does, and is counted).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxrl_post import losses
-from jaxrl_post.advantages import group_advantages
+from jaxrl_post.losses.regression import mse_loss
+from jaxrl_post.models import get_model_config
+from jaxrl_post.models.point_cloud import PointCloudLM
+from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
+from jaxrl_post.parallel.mesh import init_sharded, put_batch
 from jaxrl_post.rewards import quality_metrics as qm
 from jaxrl_post.rewards import ranking
 from jaxrl_post.sampling import kernels, scoring
 from jaxrl_post.tasks import point_clouds as pc
+from jaxrl_post.tokenizers import get_tokenizer
+from jaxrl_post.training import loop, ppo
+from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.train_state import make_train_step
 
 PROMPT = "Rate quality 1-5:"
 SCORE_RANGE = ranking.SCORE_RANGE  # (1, 5): the scale the model writes.
@@ -136,7 +169,7 @@ def decode_completions(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[
   return [tokenizer.decode([int(t) for t in row[m]]) for row, m in zip(tokens, mask)]
 
 
-# Data stages of experiments/pcqa.py: each draws its batches with its own RNG stream.
+# Data stages: each draws its batches with its own RNG stream (`PCQA.batch_index`).
 STAGE_BASE, STAGE_SFT, STAGE_GRPO, STAGE_REGRESSION, STAGE_CAPABLE = 0, 1, 2, 3, 4
 
 
@@ -196,12 +229,16 @@ def score_rows(model, text_tokens: jax.Array, views: jax.Array, completion_token
 
 
 def make_sft_loss(text_tokens: jax.Array) -> Callable:
-  """`(model, batch) -> (nll, aux)`: token-mean NLL over the batch's `num_tokens`."""
+  """`(model, batch) -> (nll, aux)`: token-mean NLL over the batch's `num_tokens`.
+
+  `losses.nll_loss` of the completion tokens after the multimodal prompt; the batch holds
+  `views [n, V, G, G, C]`, `completion_tokens/mask [n, T]` and the global `num_tokens`.
+  """
 
   def loss(model, batch):
     scored = score_rows(model, text_tokens, batch["views"], batch["completion_tokens"],
                         batch["completion_mask"])
-    nll = -jnp.sum(scored.logp) / batch["num_tokens"]
+    nll = losses.nll_loss(scored.logp, batch["completion_mask"], batch["num_tokens"])
     return nll, {"nll": nll}
 
   return loss
@@ -234,7 +271,7 @@ def make_grpo_loss(text_tokens: jax.Array, *, epsilon: float = 0.2, beta: float 
 
 
 def make_regression_loss(text_tokens: jax.Array) -> Callable:
-  """`(model, batch) -> (mse, aux)`: (ŷ − MOS₀₁)² summed over rows / the global `num_sequences`.
+  """`(model, batch) -> (mse, aux)`: `losses.regression.mse_loss` of ŷ against MOS₀₁.
 
   The absolute-regression baseline: the same encoder and LM trunk, a scalar head on the last
   prompt position, regressed on the source dataset's normalised MOS.
@@ -242,14 +279,14 @@ def make_regression_loss(text_tokens: jax.Array) -> Callable:
 
   def loss(model, batch):
     pred = model.regress(batch["views"], _prompt_rows(text_tokens, batch["views"].shape[0]))
-    mse = jnp.sum(jnp.square(pred - batch["mos01"])) / batch["num_sequences"]
+    mse = mse_loss(pred, batch["mos01"], batch["num_sequences"])
     return mse, {"mse": mse}
 
   return loss
 
 
 class Kernels(NamedTuple):
-  """Jitted functions of one model graph, built once and reused by every run of a process."""
+  """Jitted functions of one model graph (views are placed on the mesh `build_kernels` got)."""
 
   sample: Callable  # (params, views [b, ...], rng) -> DecodeOutput with b·K rows.
   greedy: Callable  # (params, views [b, ...]) -> DecodeOutput with b rows.
@@ -258,15 +295,24 @@ class Kernels(NamedTuple):
 
 
 def build_kernels(graphdef, text_tokens: np.ndarray, *, num_samples: int, max_new_tokens: int,
-                  eos_id: int, pad_id: int, temperature: float = 1.0) -> Kernels:
+                  eos_id: int, pad_id: int, temperature: float = 1.0, mesh: Mesh | None = None,
+                  rules: Rules = DEFAULT_RULES) -> Kernels:
   """Sampling, greedy decoding, scoring and regression as jitted functions of the params.
 
   Sampling: the prompt row is built with the current encoder, prefilled once into the LM's KV
   cache (`kernels.prefill(..., embeddings=row)`), copied for the K samples, and decoded from
   `nnx.split(model.lm)`; the decode's per-token log-probs equal `score` on the same rows.
+  With a `mesh`, the views' rows are split over its batch axes (`put_batch`) and the model's
+  activation constraints apply (`axis_rules`); the params keep the sharding they come with.
   """
   text_tokens = jnp.asarray(text_tokens, jnp.int32)
   no_ids = jnp.zeros((0,), jnp.int32)
+
+  def context():
+    return axis_rules(mesh, rules) if mesh is not None else contextlib.nullcontext()
+
+  def put(x):
+    return x if mesh is None else put_batch(x, mesh, rules)
 
   def _decode(params, views, rng, *, n, greedy):
     model = nnx.merge(graphdef, params)
@@ -285,58 +331,32 @@ def build_kernels(graphdef, text_tokens: np.ndarray, *, num_samples: int, max_ne
 
   @jax.jit
   def sample(params, views, rng):
-    return _decode(params, views, rng, n=num_samples, greedy=False)
+    with context():
+      return _decode(params, views, rng, n=num_samples, greedy=False)
 
   @jax.jit
   def greedy(params, views):
-    return _decode(params, views, jax.random.key(0), n=1, greedy=True)
+    with context():
+      return _decode(params, views, jax.random.key(0), n=1, greedy=True)
 
   @jax.jit
   def score(params, views, completion_tokens, completion_mask):
-    model = nnx.merge(graphdef, params)
-    return score_rows(model, text_tokens, views, completion_tokens, completion_mask,
-                      temperature=temperature).logp
+    with context():
+      model = nnx.merge(graphdef, params)
+      return score_rows(model, text_tokens, views, completion_tokens, completion_mask,
+                        temperature=temperature).logp
 
   @jax.jit
   def regress(params, views):
-    model = nnx.merge(graphdef, params)
-    return model.regress(views, _prompt_rows(text_tokens, views.shape[0]))
+    with context():
+      model = nnx.merge(graphdef, params)
+      return model.regress(views, _prompt_rows(text_tokens, views.shape[0]))
 
-  return Kernels(sample, greedy, score, regress)
-
-
-class RolloutRewards(NamedTuple):
-  """Rewards of one GRPO step's rollouts."""
-
-  terms: ranking.RewardTerms  # [B, K] terms of `total_reward`.
-  adv: np.ndarray  # [B·K] float32 group-normalised advantages (row p·K + k).
-  scores: np.ndarray  # [B, K] parsed scores, NaN = unparseable.
-  num_unparseable: int
-
-
-def rollout_rewards(texts: Sequence[str], mos01: np.ndarray, *, num_samples: int, step: int,
-                    total_steps: int, alpha: float, sigma: float = 0.5, scale: float = 1.0,
-                    gamma: float = 1e-6, hold_fraction: float = 0.2, final_weight: float = 0.3,
-                    gaussian_units: str = "score", adv_eps: float = 1e-6) -> RolloutRewards:
-  """Completions (prompt-major, K per prompt) → PCQA-R1 rewards and GRPO advantages.
-
-  A_i^(k) = (r_i^(k) − mean_k r_i) / (std_k r_i + ε) over the K rollouts of prompt i.
-  An unparseable rollout gets r = 0 (every term), so the advantage pushes it down.
-  """
-  b = len(mos01)
-  if len(texts) != b * num_samples:
-    raise ValueError(f"{len(texts)} completions for {b} prompts × K={num_samples}")
-  parsed = ranking.parse_completions(
-    [texts[i * num_samples:(i + 1) * num_samples] for i in range(b)], score_range=SCORE_RANGE)
-  terms = ranking.total_reward(
-    parsed.scores, jnp.asarray(mos01, jnp.float32), parsed.format_ok, step=step,
-    total_steps=total_steps, gamma=gamma, sigma=sigma, scale=scale, alpha=alpha,
-    hold_fraction=hold_fraction, final_weight=final_weight, gaussian_units=gaussian_units,
-    mos_range=MOS_RANGE, score_range=SCORE_RANGE)
-  groups = jnp.repeat(jnp.arange(b, dtype=jnp.int32), num_samples)
-  adv = group_advantages(terms.total.reshape(-1), groups, num_groups=b, eps=adv_eps)
-  return RolloutRewards(terms, np.asarray(adv, np.float32), parsed.scores,
-                        parsed.num_unparseable)
+  return Kernels(
+    sample=lambda params, views, rng: sample(params, put(views), rng),
+    greedy=lambda params, views: greedy(params, put(views)),
+    score=lambda params, views, tokens, mask: score(params, *put((views, tokens, mask))),
+    regress=lambda params, views: regress(params, put(views)))
 
 
 def _chunks(n: int, size: int):
@@ -355,7 +375,7 @@ def predict_lm(k: Kernels, params, tokenizer, views: np.ndarray, *, batch_size: 
   """Greedy answers on `views`: (scores with the 3.0 fall-back, unparseable mask, texts)."""
   texts: list[str] = []
   for index in _chunks(len(views), batch_size):
-    out = k.greedy(params, _padded(views, index, batch_size))
+    out = multihost.to_host(k.greedy(params, _padded(views, index, batch_size)))
     texts += decode_completions(tokenizer, out.tokens, out.mask)[:len(index)]
   scores = np.asarray([ranking.parse_score(t, score_range=SCORE_RANGE) for t in texts],
                       dtype=object)
@@ -376,7 +396,8 @@ def predict_lm_sampled(k: Kernels, params, tokenizer, views: np.ndarray, *, batc
   """
   texts: list[str] = []
   for c, index in enumerate(_chunks(len(views), batch_size)):
-    out = k.sample(params, _padded(views, index, batch_size), jax.random.fold_in(rng, c))
+    out = multihost.to_host(k.sample(params, _padded(views, index, batch_size),
+                                     jax.random.fold_in(rng, c)))
     rows = decode_completions(tokenizer, out.tokens, out.mask)
     if len(rows) != batch_size * num_samples:
       raise ValueError(f"k.sample drew {len(rows)} rows for {batch_size} prompts; expected "
@@ -393,7 +414,7 @@ def predict_lm_sampled(k: Kernels, params, tokenizer, views: np.ndarray, *, batc
 
 
 def predict_regressor(k: Kernels, params, views: np.ndarray, *, batch_size: int) -> np.ndarray:
-  preds = [np.asarray(k.regress(params, _padded(views, index, batch_size)))[:len(index)]
+  preds = [multihost.to_host(k.regress(params, _padded(views, index, batch_size)))[:len(index)]
            for index in _chunks(len(views), batch_size)]
   return np.concatenate(preds).astype(np.float64)
 
@@ -456,69 +477,226 @@ def evaluate_regressor(k: Kernels, params, test: Mapping[str, pc.DatasetArrays],
   return summarize(per_dataset, source)
 
 
-def _correlations(final: Mapping[str, Any], datasets: Sequence[str]) -> dict[str, float]:
-  """Per-dataset PLCC / SRCC of one run; an undefined correlation of a constant predictor is 0.
+# ---- The method ----
 
-  A policy that writes the same score for every test sample (score std ≤ 1e-9: the float64
-  std of identical values is ~4e-16, not 0) has no ranking ability, but its correlations are
-  0/0 = NaN (or a meaningless fall-back of the logistic fit), which would drop it from every
-  average; it counts as 0 instead, and `<dataset>/constant` says so. Other NaNs stay NaN.
+# What each `config.method` trains: its update ("sft" / "grpo" / "regression"), its data stage
+# (batch RNG stream), its SFT target kind and its Gaussian weight α.
+KINDS = {"base": "sft", "capable": "sft", "cold_start": "sft", "sft": "sft", "rank": "grpo",
+         "rank_gauss": "grpo", "full": "grpo", "regression": "regression"}
+STAGES = {"base": STAGE_BASE, "capable": STAGE_CAPABLE, "cold_start": STAGE_SFT,
+          "sft": STAGE_SFT, "rank": STAGE_GRPO, "rank_gauss": STAGE_GRPO, "full": STAGE_GRPO,
+          "regression": STAGE_REGRESSION}
+ALPHAS = {"rank": 0.0, "rank_gauss": 1.0, "full": 1.0}
+
+
+def method_steps(config) -> int:
+  """The steps `config.method` trains (configs/pcqa_synthetic.py sets `config.steps` to it).
+
+  base `base_steps`; capable `capable_steps`; cold_start `cold_start_steps`; sft the budget
+  `cold_start_steps + rl_steps`; rank / rank_gauss / full `rl_steps` (full's cold start is its
+  own run); regression `capable_steps + cold_start_steps + rl_steps` from base: the same number
+  of steps after base as capable + sft, without the rationale SFT.
   """
-  out = {}
-  for d in datasets:
-    constant = final.get(f"{d}/score_std", 1.0) <= 1e-9
-    out[f"{d}/constant"] = float(constant)
-    for m in ("plcc", "srcc"):
-      out[f"{d}/{m}"] = 0.0 if constant else final.get(f"{d}/{m}", float("nan"))
-  return out
+  budget = config.cold_start_steps + config.rl_steps
+  return {"base": config.base_steps, "capable": config.capable_steps,
+          "cold_start": config.cold_start_steps, "sft": budget, "rank": config.rl_steps,
+          "rank_gauss": config.rl_steps, "full": config.rl_steps,
+          "regression": config.capable_steps + budget}[config.method]
 
 
-def aggregate_runs(workdir, methods: Sequence[str], datasets: Sequence[str], *,
-                   source: str, filename: str = "final.json") -> dict[str, dict[str, Any]]:
-  """Mean and std over seeds of each method's `final.json` under `workdir/seed_*/<method>/`.
+class PCQA:
+  """One PCQA-R1 stage or method on synthetic point clouds (configs/pcqa_synthetic.py); a
+  `training.loop.Method`."""
 
-  Per run, PLCC / SRCC per dataset (`_correlations`: a constant predictor counts 0), their
-  average over all datasets (`avg/…`) and over the targets other than `source` (`ood_avg/…`);
-  then mean and population std over seeds. Also the unparseable and constant-prediction shares
-  and the run time.
+  name = "pcqa"
+  updates_per_step = 1
 
-  Returns:
-    `{method: {metric: [mean, std], "num_seeds": n}}`.
-  """
-  table: dict[str, dict[str, Any]] = {}
-  for method in methods:
-    finals = [json.loads(p.read_text())
-              for p in sorted(Path(workdir).glob(f"seed_*/{method}/{filename}"))]
-    if not finals:
-      continue
-    runs = []
-    for final in finals:
-      run = _correlations(final, datasets)
-      for name, chosen in (("avg", datasets), ("ood_avg", [d for d in datasets if d != source])):
-        for m in ("plcc", "srcc"):
-          run[f"{name}/{m}"] = float(np.mean([run[f"{d}/{m}"] for d in chosen]))
-      for key in ["time/run", *(f"{d}/unparseable" for d in datasets)]:
-        if key in final:
-          run[key] = final[key]
-      runs.append(run)
-    row: dict[str, Any] = {"num_seeds": len(finals)}
-    for key in runs[0]:
-      values = [r[key] for r in runs if key in r]
-      row[key] = [float(np.mean(values)), float(np.std(values))]
-    table[method] = row
-  return table
+  def __init__(self, config):
+    if config.method not in KINDS:
+      raise ValueError(f"config.method={config.method!r}; valid: {', '.join(KINDS)}")
+    self.config, self.method, self.kind = config, config.method, KINDS[config.method]
+    if config.steps != method_steps(config):
+      raise ValueError(
+        f"config.steps={config.steps} but config.method={self.method!r} trains "
+        f"{method_steps(config)} steps: pick the method with the config argument "
+        f"(configs/pcqa_synthetic.py:method={self.method}), which also picks its optimizer")
+    if self.method != "base" and not (config.init_from or config.resume):
+      raise ValueError(f"config.init_from: method {self.method!r} starts from another run's "
+                       "workdir (configs/pcqa_synthetic.py's sweep; scripts/pcqa_grid.py sets it)")
 
+  # ---- Set-up ----
 
-def format_table(table: Mapping[str, Mapping[str, Any]], datasets: Sequence[str], *,
-                 source: str) -> str:
-  """A markdown table: PLCC / SRCC per dataset (mean ± std over seeds), OOD average."""
-  cols = [f"{d}{' (ID)' if d == source else ''}" for d in datasets] + ["OOD avg", "all avg"]
-  lines = ["| method | seeds | " + " | ".join(cols) + " |",
-           "|---|---|" + "---|" * len(cols)]
-  for method, row in table.items():
-    cells = []
-    for prefix in [*datasets, "ood_avg", "avg"]:
-      p, s = row.get(f"{prefix}/plcc"), row.get(f"{prefix}/srcc")
-      cells.append("–" if p is None else f"{p[0]:.3f}±{p[1]:.3f} / {s[0]:.3f}±{s[1]:.3f}")
-    lines.append(f"| {method} | {row['num_seeds']} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+  def build_model(self, run: loop.Run):
+    """Loads the data (the source's train split, every dataset's test split) and the model,
+    its parameters born sharded on the trainer's mesh (they carry logical axis names)."""
+    config = self.config
+    names = config.datasets.split(",")
+    if config.source not in names:
+      raise ValueError(f"config.source={config.source!r} is not in config.datasets={names}")
+    for name in names:
+      pc.DATASETS.get(name)  # unknown names fail here, listing the valid ones
+    grid = config.encoder.grid
+    self.train = pc.load_split(config.source, "train", size=config.train_size or None,
+                               num_points=config.num_points, grid=grid)
+    self.test = {d: pc.load_split(d, "test", size=config.test_size or None,
+                                  num_points=config.num_points, grid=grid) for d in names}
+    if config.batch_size > len(self.train.mos):
+      raise ValueError(f"config.batch_size={config.batch_size} exceeds the "
+                       f"{len(self.train.mos)} training samples")
+    # With `capable_holdout` > 0 the capable stage and the methods after it draw from disjoint
+    # parts of the source train split (`holdout_pools`).
+    try:
+      self.pools = holdout_pools(len(self.train.mos), config.capable_holdout
+                                 if config.capable_steps else 0, config.batch_size)
+    except ValueError as e:
+      raise ValueError(f"config.capable_holdout: {e}") from None
+    self.tokenizer = get_tokenizer(config.tokenizer)
+    lm_config = get_model_config(config.model, vocab_size=self.tokenizer.vocab_size,
+                                 **dict(config.model_overrides))
+    encoder = config.encoder
+
+    def make():
+      return PointCloudLM(lm_config, num_views=pc.NUM_VIEWS, grid=grid, patch=encoder.patch,
+                          channels=len(pc.CHANNELS), width=encoder.width, depth=encoder.depth,
+                          rngs=nnx.Rngs(config.seed))
+
+    return init_sharded(make, run.train_mesh, run.train_rules)
+
+  def start(self, run: loop.Run, state) -> None:
+    config = self.config
+    self.run = run
+    text_tokens = np.asarray(self.tokenizer.encode(PROMPT), np.int32)
+    text, g = jnp.asarray(text_tokens), config.grpo
+    loss_fn, shared = {
+      "sft": (make_sft_loss(text), ("num_tokens", "num_sequences")),
+      "grpo": (make_grpo_loss(text, epsilon=g.epsilon, beta=g.beta, kl_estimator=g.kl_estimator,
+                              temperature=g.temperature), ("num_tokens", "num_sequences")),
+      "regression": (make_regression_loss(text), ("num_sequences",)),
+    }[self.kind]
+    self.step_fn = make_train_step(run.graphdef, loss_fn, run.optimizer, mesh=run.train_mesh,
+                                   rules=run.train_rules, shared=shared)
+    self.kernels = build_kernels(run.graphdef, text_tokens, num_samples=g.num_samples,
+                                 max_new_tokens=config.completion_len,
+                                 eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+                                 temperature=g.temperature, mesh=run.train_mesh,
+                                 rules=run.train_rules)
+    # π_ref: the policy GRPO starts from (the starting point, also after a restart).
+    self.reference = (jax.tree.map(jnp.copy, state.params) if self.kind == "grpo" else None)
+    self.rng = jax.random.key(config.seed + 1)
+    self.started = time.perf_counter()
+
+  def state_dict(self) -> dict[str, Any]:
+    # Nothing: a step's batch and rollout keys are functions of (seed, stage, step).
+    return {}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    del state
+
+  def put(self, batch):
+    return put_batch(batch, self.run.train_mesh, self.run.train_rules)
+
+  def batch_index(self, step: int) -> tuple[np.ndarray, np.random.Generator]:
+    """Rows of the train split for 0-based `step` of this run's data stage, and the RNG that
+    drew them (the base stage's random targets continue it)."""
+    config, stage = self.config, STAGES[self.method]
+    rng = np.random.default_rng([config.seed, stage, step])
+    pool = self.pools.get(stage)
+    num_train = len(self.train.mos)
+    if pool is None:
+      return np.sort(rng.choice(num_train, config.batch_size, replace=False)), rng
+    return np.sort(pool[rng.choice(len(pool), config.batch_size, replace=False)]), rng
+
+  # ---- One step ----
+
+  def step(self, state, step: int):
+    return {"sft": self.sft_step, "grpo": self.grpo_step,
+            "regression": self.regression_step}[self.kind](state, step - 1)
+
+  def sft_step(self, state, i: int):
+    index, rng = self.batch_index(i)
+    batch = ppo.with_normalizers(sft_batch(
+      self.tokenizer, self.train, index, completion_len=self.config.completion_len,
+      kind="base" if self.method == "base" else "cot", rng=rng))
+    state, metrics = self.step_fn(state, self.put(batch))
+    return state, {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
+
+  def grpo_step(self, state, i: int):
+    config, g = self.config, self.config.grpo
+    tic = time.perf_counter()
+    index, _ = self.batch_index(i)
+    views = self.train.views[index]
+    # K rollouts per prompt; their per-token log-probs are the old policy's.
+    out = multihost.to_host(self.kernels.sample(state.params, views,
+                                                jax.random.fold_in(self.rng, i)))
+    texts = decode_completions(self.tokenizer, out.tokens, out.mask)
+    rewards = ranking.rollout_rewards(
+      texts, self.train.mos01[index], num_samples=g.num_samples, step=i,
+      total_steps=config.steps, alpha=ALPHAS[self.method], sigma=g.sigma, scale=g.scale,
+      gamma=g.gamma, hold_fraction=g.hold_fraction, final_weight=g.final_weight,
+      gaussian_units=g.gaussian_units, adv_eps=g.adv_eps, score_range=SCORE_RANGE,
+      mos_range=MOS_RANGE)
+    rows = np.repeat(views, g.num_samples, axis=0)
+    ref_logp = multihost.to_host(self.kernels.score(self.reference, rows, out.tokens, out.mask))
+    batch = ppo.with_normalizers(dict(views=rows, completion_tokens=out.tokens,
+                                      completion_mask=out.mask, old_logp=out.logp,
+                                      ref_logp=ref_logp, adv=rewards.adv))
+    state, metrics = self.step_fn(state, self.put(batch))
+    terms, valid = rewards.terms, np.asarray(rewards.terms.valid)
+    record = {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
+    record.update({
+      "reward/total": float(np.mean(terms.total)),
+      "reward/ranking": float(np.mean(terms.ranking)),
+      "reward/proximity": float(np.mean(terms.proximity)),
+      "reward/format": float(np.mean(terms.format)),
+      "reward/format_weight": float(terms.format_weight),
+      "reward/unparseable": rewards.num_unparseable / valid.size,
+      "rollout/score_std_within": float(np.nanmean(np.nanstd(
+        np.where(valid, rewards.scores, np.nan), axis=1))) if valid.any() else 0.0,
+      "rollout/length": float(np.mean(out.mask.sum(1))),
+      "time/step": time.perf_counter() - tic, "rollout/example": texts[0]})
+    return state, record
+
+  def regression_step(self, state, i: int):
+    index, _ = self.batch_index(i)
+    batch = dict(views=self.train.views[index],
+                 mos01=np.asarray(self.train.mos01[index], np.float32),
+                 num_sequences=np.float32(len(index)))
+    state, metrics = self.step_fn(state, self.put(batch))
+    return state, {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
+
+  # ---- Evaluation and report ----
+
+  def evaluate(self, state, step: int) -> dict[str, Any]:
+    config = self.config
+    tic = time.perf_counter()
+    if self.kind == "regression":
+      result = evaluate_regressor(self.kernels, state.params, self.test, source=config.source,
+                                  batch_size=config.eval_batch)
+    else:
+      result = evaluate_lm(self.kernels, state.params, self.tokenizer, self.test,
+                           source=config.source, batch_size=config.eval_batch)
+    result["time/eval"] = time.perf_counter() - tic
+    if step == config.steps and jax.process_index() == 0:
+      # The run's result (scripts/pcqa_table.py); `time/run` counts since this process started
+      # the method (a restarted run's last stretch only).
+      final = dict(result, **{"time/run": time.perf_counter() - self.started})
+      (self.run.workdir / "final.json").write_text(json.dumps(final, indent=1) + "\n")
+    return {f"eval/{k}": v for k, v in result.items()}
+
+  def progress(self, record):
+    if self.kind == "grpo":
+      return {"r": record["reward/total"], "rk": record["reward/ranking"]}
+    return {"nll" if self.kind == "sft" else "mse": record["train/loss"]}
+
+  def summary(self, records) -> str:
+    evals = [r for r in records if "eval/avg/plcc" in r]
+    if not evals:
+      return ""
+    last, source = evals[-1], self.config.source
+
+    def value(key):  # NaN (a constant predictor's correlation) comes back as text
+      return float(last.get(f"eval/{key}", "nan"))
+
+    return (f"seed {self.config.seed} {self.method} step {last['step']}: ID PLCC/SRCC "
+            f"{value(f'{source}/plcc'):.3f}/{value(f'{source}/srcc'):.3f}  OOD-avg "
+            f"{value('ood_avg/plcc'):.3f}/{value('ood_avg/srcc'):.3f}")

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_post.advantages import group_advantages
 from jaxrl_post.registry import Registry
 
 ArrayLike = jax.Array | np.ndarray | float | int
@@ -591,3 +592,55 @@ def parse_completions(
         scores[i, k] = score
       format_ok[i, k] = format_reward(text, reasoning_tag=reasoning_tag)
   return ParsedCompletions(scores, format_ok, int(np.sum(np.isnan(scores))))
+
+
+class RolloutRewards(NamedTuple):
+  """Rewards of one GRPO step's rollouts (`rollout_rewards`)."""
+
+  terms: RewardTerms  # [B, K] terms of `total_reward`.
+  adv: np.ndarray  # [B·K] float32 group-normalised advantages (row p·K + k).
+  scores: np.ndarray  # [B, K] parsed scores, NaN = unparseable.
+  num_unparseable: int
+
+
+def rollout_rewards(texts: Sequence[str], mos01: np.ndarray, *, num_samples: int, step: int,
+                    total_steps: int, alpha: float, sigma: float = 0.5, scale: float = 1.0,
+                    gamma: float = 1e-6, hold_fraction: float = 0.2, final_weight: float = 0.3,
+                    gaussian_units: str = "score", adv_eps: float = 1e-6,
+                    score_range: tuple[float, float] = SCORE_RANGE,
+                    mos_range: tuple[float, float] = MOS_RANGE) -> RolloutRewards:
+  """Completions (prompt-major, K per prompt) → PCQA-R1 rewards and GRPO advantages.
+
+  r_i^(k) = r_rk + w_fmt(t)·r_fmt + α·r_gs (`total_reward`; PCQA-R1, arXiv 2608.18627) and
+
+    A_i^(k) = (r_i^(k) − mean_k r_i) / (std_k r_i + ε)
+
+  over the K rollouts of prompt i (`advantages.group_advantages`, GRPO's estimator). An
+  unparseable rollout gets r = 0 (every term), so the advantage pushes it down.
+
+  Args:
+    texts: `B·K` completions, the K of prompt i at rows `i·K … i·K + K − 1`.
+    mos01: `[B]` the prompts' MOS normalised to `mos_range`.
+    num_samples: K.
+    step, total_steps: where training is (0-based step), for the format weight's decay.
+    alpha: weight of the Gaussian proximity term (0: the ranking-only ablation).
+    sigma, scale, gamma, hold_fraction, final_weight, gaussian_units: `total_reward`'s.
+    adv_eps: ε of the advantage.
+
+  Returns:
+    `RolloutRewards`.
+  """
+  b = len(mos01)
+  if len(texts) != b * num_samples:
+    raise ValueError(f"{len(texts)} completions for {b} prompts × K={num_samples}")
+  parsed = parse_completions(
+    [texts[i * num_samples:(i + 1) * num_samples] for i in range(b)], score_range=score_range)
+  terms = total_reward(
+    parsed.scores, jnp.asarray(mos01, jnp.float32), parsed.format_ok, step=step,
+    total_steps=total_steps, gamma=gamma, sigma=sigma, scale=scale, alpha=alpha,
+    hold_fraction=hold_fraction, final_weight=final_weight, gaussian_units=gaussian_units,
+    mos_range=mos_range, score_range=score_range)
+  groups = jnp.repeat(jnp.arange(b, dtype=jnp.int32), num_samples)
+  adv = group_advantages(terms.total.reshape(-1), groups, num_groups=b, eps=adv_eps)
+  return RolloutRewards(terms, np.asarray(adv, np.float32), parsed.scores,
+                        parsed.num_unparseable)

@@ -1,7 +1,9 @@
-"""PCQA-R1 glue: templates, parsing robustness, rewards → advantages, SFT / GRPO / regression."""
+"""PCQA-R1 (methods/pcqa.py): templates, parsing, rewards → advantages, SFT / GRPO / regression."""
 
+import importlib.util
 import json
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -10,16 +12,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxrl_post.methods import pcqa
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.point_cloud import PointCloudLM
 from jaxrl_post.rewards import ranking
 from jaxrl_post.tasks import point_clouds as pc
 from jaxrl_post.tokenizers import get_tokenizer
-from jaxrl_post.training import pcqa, rl
+from jaxrl_post.training import ppo
 from jaxrl_post.training.base_configs import optimizer_config
 from jaxrl_post.training.setup import build_optimizer
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
+ROOT = Path(__file__).resolve().parents[2]
 GRID, PATCH = 4, 4  # one patch per view: 3 visual tokens, cheap to compile
 COMPLETION_LEN = 96
 
@@ -68,7 +72,7 @@ def test_rollout_rewards_golden_and_robust_to_garbage():
   ok = lambda s: pcqa.completion("cube, clean, good.", s)  # noqa: E731
   texts = [ok(4.0), ok(2.0),  # prompt 0 (MOS₀₁ 0.75 → 4.0 on the 1–5 scale)
            "<answer>nan</answer>", "<pcqa_reasoning>x</pcqa_reasoning><answer></answer>"]
-  out = pcqa.rollout_rewards(texts, np.asarray([0.75, 0.25]), num_samples=2, step=0,
+  out = ranking.rollout_rewards(texts, np.asarray([0.75, 0.25]), num_samples=2, step=0,
                              total_steps=10, alpha=1.0)
   assert out.num_unparseable == 2
   assert np.isnan(out.scores[1]).all()
@@ -80,20 +84,28 @@ def test_rollout_rewards_golden_and_robust_to_garbage():
   # K = 2: A = ±(r0 − r1)/2 / (|r0 − r1|/√2) = ±1/√2 (ddof 1); an all-zero group gets 0.
   np.testing.assert_allclose(out.adv, [2 ** -0.5, -2 ** -0.5, 0.0, 0.0], atol=1e-5)
   with pytest.raises(ValueError, match="5 completions for 2 prompts"):
-    pcqa.rollout_rewards(texts + ["x"], np.asarray([0.1, 0.2]), num_samples=2, step=0,
+    ranking.rollout_rewards(texts + ["x"], np.asarray([0.1, 0.2]), num_samples=2, step=0,
                          total_steps=1, alpha=1.0)
 
 
 def test_rollout_rewards_ranking_only_reads_the_mos_order():
   texts = [pcqa.completion("a.", s) for s in (4.5, 4.0, 2.0, 2.5, 3.0, 3.5)]
   kw = dict(num_samples=2, step=3, total_steps=10, alpha=0.0)
-  a = pcqa.rollout_rewards(texts, np.asarray([0.9, 0.1, 0.5]), **kw)
-  b = pcqa.rollout_rewards(texts, np.asarray([0.99, 0.01, 0.3]), **kw)  # same order
+  a = ranking.rollout_rewards(texts, np.asarray([0.9, 0.1, 0.5]), **kw)
+  b = ranking.rollout_rewards(texts, np.asarray([0.99, 0.01, 0.3]), **kw)  # same order
   np.testing.assert_allclose(np.asarray(a.terms.total), np.asarray(b.terms.total), rtol=1e-6)
   np.testing.assert_allclose(a.adv, b.adv, rtol=1e-5)
 
 
+def _table_module():
+  spec = importlib.util.spec_from_file_location("pcqa_table", ROOT / "scripts" / "pcqa_table.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def test_summarize_and_aggregate_runs(tmp_path):
+  tables = _table_module()
   per = {"syn_a": {"plcc": 0.9, "srcc": 0.8}, "syn_b": {"plcc": 0.5, "srcc": 0.4},
          "syn_c": {"plcc": 0.3, "srcc": 0.2}}
   flat = pcqa.summarize(per, "syn_a")
@@ -109,8 +121,8 @@ def test_summarize_and_aggregate_runs(tmp_path):
   rank.joinpath("final.json").write_text(json.dumps(
     flat | {"syn_b/srcc": float("nan"), "syn_b/plcc": 0.3, "syn_b/score_std": 4.4e-16,
             "syn_c/plcc": float("nan"), "syn_c/score_std": 0.3}))
-  table = pcqa.aggregate_runs(tmp_path, ["full", "sft", "rank"], ["syn_a", "syn_b", "syn_c"],
-                              source="syn_a")
+  table = tables.aggregate_runs(tmp_path, ["full", "sft", "rank"], ["syn_a", "syn_b", "syn_c"],
+                                source="syn_a")
   assert list(table) == ["full", "rank"] and table["full"]["num_seeds"] == 2
   np.testing.assert_allclose(table["full"]["ood_avg/plcc"], [0.45, 0.05])
   np.testing.assert_allclose(table["full"]["avg/srcc"], [1.4 / 3 + 0.05, 0.05])
@@ -120,7 +132,7 @@ def test_summarize_and_aggregate_runs(tmp_path):
   np.testing.assert_allclose(table["rank"]["syn_b/constant"], [1.0, 0.0])
   np.testing.assert_allclose(table["rank"]["ood_avg/srcc"], [0.1, 0.0])  # (0 + 0.2) / 2
   assert np.isnan(table["rank"]["syn_c/plcc"][0])  # NaN without a constant prediction stays
-  text = pcqa.format_table(table, ["syn_a", "syn_b", "syn_c"], source="syn_a")
+  text = tables.format_table(table, ["syn_a", "syn_b", "syn_c"], source="syn_a")
   assert "| full | 2 | 0.950±0.050 / 0.850±0.050 |" in text and "syn_a (ID)" in text
 
 
@@ -156,7 +168,7 @@ def test_sft_steps_lower_the_loss(setup):
   optimizer, state = _state(setup)
   step = make_train_step(setup["graphdef"], pcqa.make_sft_loss(setup["text"]), optimizer,
                          shared=("num_tokens", "num_sequences"))
-  batch = rl.with_normalizers(pcqa.sft_batch(setup["tok"], setup["data"], np.arange(4),
+  batch = ppo.with_normalizers(pcqa.sft_batch(setup["tok"], setup["data"], np.arange(4),
                                              completion_len=COMPLETION_LEN, kind="cot",
                                              rng=np.random.default_rng(0)))
   losses = []
@@ -181,14 +193,14 @@ def test_sampled_logp_equals_teacher_forced_and_grpo_step_has_gradient(setup):
   np.testing.assert_allclose(np.asarray(out.logp)[m], np.asarray(logp)[m], atol=2e-4)
   # Rewards of the (untrained, unparseable) rollouts are 0; give the update real advantages.
   texts = pcqa.decode_completions(tok, out.tokens, out.mask)
-  rewards = pcqa.rollout_rewards(texts, data.mos01[:3], num_samples=2, step=0, total_steps=1,
+  rewards = ranking.rollout_rewards(texts, data.mos01[:3], num_samples=2, step=0, total_steps=1,
                                  alpha=1.0)
   assert rewards.num_unparseable == 6 and not rewards.adv.any()
   optimizer, state = _state(setup, lr=1e-3)
   step = make_train_step(setup["graphdef"], pcqa.make_grpo_loss(setup["text"]), optimizer,
                          shared=("num_tokens", "num_sequences"))
   adv = jnp.asarray([1.0, -1.0, 0.5, -0.5, 0.0, 0.0])
-  batch = rl.with_normalizers(dict(views=rows, completion_tokens=out.tokens,
+  batch = ppo.with_normalizers(dict(views=rows, completion_tokens=out.tokens,
                                    completion_mask=out.mask, old_logp=out.logp, ref_logp=logp,
                                    adv=adv))
   state, metrics = step(state, batch)

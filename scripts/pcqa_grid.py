@@ -1,0 +1,99 @@
+r"""Runs the PCQA grid of configs/pcqa_synthetic.py in order, one process per run, then its table.
+
+  python scripts/pcqa_grid.py --config=configs/pcqa_synthetic.py --workdir=/tmp/pcqa
+  python scripts/pcqa_grid.py --config=configs/pcqa_synthetic.py:runlocal --workdir=/tmp/pcqa_smoke
+  python scripts/pcqa_grid.py --config=configs/pcqa_synthetic.py:capable=1000,rl_lr=3e-5 \
+      --workdir=/tmp/pcqa_cap -- --config.eval_every=100     # extra flags for every run
+  python scripts/pcqa_grid.py --config=configs/pcqa_synthetic.py --workdir=/tmp/pcqa --dry-run
+
+The config's `sweep(add, arg)` lists the runs in order, each a `seed`, a `method` and the
+`start` it continues (base, capable or cold_start of the same seed). Run i is
+
+  python experiments/pcqa.py --config=<file>:<arg>,method=<method> \
+      --workdir=<workdir>/seed_<seed>/<method> --config.seed=<seed> \
+      [--config.init_from=<workdir>/seed_<seed>/<start>] [extra flags]
+
+and starts after the run it starts from has finished. Why not scripts/sweep.py: its runs are
+independent (numbered workdirs, one config argument for all), while here a run's `init_from`
+is another run's workdir and its `method` picks its length and optimizer in `get_config`.
+A run whose `final.json` exists is skipped; an unfinished one resumes from its checkpoint. At
+the end the table of every method over seeds (scripts/pcqa_table.py's `aggregate_runs`) goes
+to `<workdir>/summary.json` and stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(path: Path, name: str):
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None:
+    raise FileNotFoundError(f"{path} not found")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def grid_runs(config: str, workdir: str, *, python: str = sys.executable,
+              extra: list[str] = ()) -> list[tuple[Path, list[str]]]:
+  """`(run workdir, command)` of every run of `config` (`file.py` or `file.py:arg`), in order."""
+  path, _, arg = config.partition(":")
+  entries: list[dict] = []
+  _load(Path(path), Path(path).stem).sweep(lambda **kw: entries.append(kw), arg or None)
+  root, out = Path(workdir), []
+  for entry in entries:
+    seed, method = entry["seed"], entry["method"]
+    run = root / f"seed_{seed}" / method
+    run_arg = ",".join(filter(None, [arg, f"method={method}"]))
+    command = [python, str(ROOT / "experiments" / "pcqa.py"),
+               f"--config={Path(path).resolve()}:{run_arg}",
+               f"--workdir={run}", f"--config.seed={seed}"]
+    if entry.get("start"):
+      command.append(f"--config.init_from={root / f'seed_{seed}' / entry['start']}")
+    out.append((run, command + list(extra)))
+  return out
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  extra: list[str] = []
+  if "--" in argv:
+    extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="config file, optionally with :arg")
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+  args = parser.parse_args(argv)
+  runs = grid_runs(args.config, args.workdir, extra=extra)
+  for run, command in runs:
+    if args.dry_run:
+      print(shlex.join(command))
+      continue
+    if (run / "final.json").exists():
+      print(f"{run}: done, skipped", flush=True)
+      continue
+    print(f"{run}: {shlex.join(command)}", flush=True)
+    subprocess.run(command, check=True)
+  if args.dry_run:
+    return 0
+  config = json.loads(next(Path(args.workdir).glob("seed_*/base/config.json")).read_text())
+  datasets, source = config["datasets"].split(","), config["source"]
+  tables = _load(ROOT / "scripts" / "pcqa_table.py", "pcqa_table")
+  rows = [m for m in tables.METHODS if any(r.name == m for r, _ in runs)]
+  table = tables.aggregate_runs(args.workdir, rows, datasets, source=source)
+  (Path(args.workdir) / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
+  print(tables.format_table(table, datasets, source=source))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
