@@ -1,6 +1,6 @@
 """Context functions ψ, trajectory records, and their token arrays with per-token masks.
 
-RTPO (arXiv 2608.18682, §2.3) conditions turn k on `c_k = ψ(S_k)`, where the transcript
+RTPO (arXiv 2608.18682) conditions turn k on `c_k = ψ(S_k)`, where the transcript
 `S_k = (q, l_0, f_0, ..., l_{k-1}, f_{k-1})` is the prompt followed by the earlier actions
 (turns) and observations (feedback). `c_k` is recorded at rollout and reused verbatim in
 training, so that the importance ratio's numerator and denominator see the same context.

@@ -1,6 +1,7 @@
 """Reducing a `[batch, time]` per-token loss to a scalar: the loss-aggregation modes.
 
-The four modes of the Dr.GRPO / DAPO axis (verl's `loss_agg_mode` names; opd_family.md §1.2).
+The four modes of the Dr.GRPO / DAPO axis (verl's `loss_agg_mode` names; GRPO arXiv 2402.03300,
+DAPO 2503.14476, Dr.GRPO 2503.20783).
 With `L[i,t]` the per-token loss, `m[i,t]` the mask and `n_i = Σ_t m[i,t]`:
 
   token-mean               Σ_i Σ_t m·L / N_tok                        (DAPO, TRL "dapo"/"bnpo")

@@ -1,6 +1,6 @@
 """Per-token estimators of KL(π_θ ‖ π_ref) from sampled-token log-probs (Schulman's k1/k2/k3).
 
-With samples y ~ π_θ and log r = log π_ref(y) − log π_θ(y) (opd_family.md §1.6):
+With samples y ~ π_θ and log r = log π_ref(y) − log π_θ(y):
 
   k1 = −log r              unbiased, can be negative
   k2 = ½ (log r)²          biased, low variance, ≥ 0
@@ -8,8 +8,9 @@ With samples y ~ π_θ and log r = log π_ref(y) − log π_θ(y) (opd_family.md
 
 Two ways to use them: as a loss term β·KL aggregated like the policy loss (`policy_loss(...,
 ref_logp=, beta=, kl_estimator=)`), or folded into the reward (`kl_reward_penalty`, detached).
-Which gradient each estimator gives as a loss term (§1.6, the spec's own derivation): ∇k1 has
-expectation 0, ∇k2 that of ∇KL(q‖p), ∇k3 that of ∇KL(p‖q). k1 is the usual choice as a detached
+Which gradient each estimator gives as a loss term, differentiated through log q = log π_θ on
+on-policy samples (p = π_ref): ∇k1 = ∇log q has expectation 0, ∇k2 = (log q − log p) ∇log q
+that of ∇KL(q‖p), ∇k3 = (1 − r) ∇log q that of ∇KL(p‖q). k1 is the usual choice as a detached
 reward penalty; k3 the usual loss term (GRPO, TRL).
 
 Reference: J. Schulman, "Approximating KL Divergence" (blog, 2020); DeepSeekMath GRPO uses k3 in

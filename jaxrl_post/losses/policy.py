@@ -1,7 +1,9 @@
 """Policy-gradient objectives for LM post-training: PPO/GRPO clip, GSPO, GSPO-token, CISPO, SAPO.
 
-Everything is a pure function of `[batch, time]` arrays (opd_family.md §1.1–1.5 and the TRL /
-Tunix conventions of anchor_frameworks.md §e). One function, `policy_loss`, composes four
+Everything is a pure function of `[batch, time]` arrays, following GRPO (arXiv 2402.03300), DAPO
+(2503.14476), Dr.GRPO (2503.20783) and GSPO (2507.18071), and the conventions of TRL's
+`GRPOTrainer` and Tunix's GRPO loss (ratios and clipping of the sampled token's log-probs at the
+sampling temperature, masks over completion tokens). One function, `policy_loss`, composes four
 independent choices:
 
   importance-sampling level   token ρ_t = exp(ℓ_t), ℓ_t = logp_t − old_logp_t

@@ -3,8 +3,8 @@
 RTPO trains one turn boundary at a time, from the last turn to the first. At boundary k of a trunk
 trajectory it restores the environment at state S_k, samples G − 1 siblings of turn k from the
 current policy, continues each to the end of the episode, and scores sibling j by its terminal
-reward R_j (spec §2.3). Everything host-side (trunks, snapshots, the sweep) lives in
-`jaxrl_post.training.rtpo`; this module holds the array maths:
+reward R_j (the Monte-Carlo estimate of its turn-level value). Everything host-side (trunks,
+snapshots, the sweep) lives in `jaxrl_post.training.rtpo`; this module holds the array maths:
 
   sibling_advantages      A_j = R_j − (1/(G−1)) Σ_{j'} R_{j'}     per boundary, no std division
   boundary_has_signal     whether a boundary's siblings differ (else A ≡ 0 and it is skipped)
@@ -33,7 +33,7 @@ from jaxrl_post.losses.aggregation import loss_normalizers
 from jaxrl_post.losses.policy import POLICY_LOSSES, PolicyLossAux, policy_loss
 from jaxrl_post.registry import Registry
 
-# The paper does not give the clamp bounds of the off-policy weight (spec §2.3, "NOT FOUND").
+# The paper does not give the clamp bounds ρ_min / ρ_max of the off-policy weight.
 # PROPOSAL: [0.5, 2], a band as wide as the usual truncated-IS cap of 2 on the upper side.
 DEFAULT_RHO_MIN = 0.5
 DEFAULT_RHO_MAX = 2.0
@@ -245,7 +245,7 @@ def off_policy_continuation_weight(
   rho_min: float = DEFAULT_RHO_MIN,
   rho_max: float = DEFAULT_RHO_MAX,
 ) -> jax.Array:
-  """The trajectory weight of the off-policy-continuation ablation (spec §2.3).
+  """The trajectory weight of the off-policy-continuation ablation (arXiv 2608.18682, §4).
 
     ω̄_j = clamp( Π_{h>k} Π_t π_θ>k(a_{j,h,t} | c_h, a_{j,h,<t}) / π_θ0(a_{j,h,t} | c_h, a_{j,h,<t}),
                  ρ_min, ρ_max )

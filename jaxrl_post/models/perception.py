@@ -1,7 +1,7 @@
 """A small autoregressive dense detector: patch encoder → `CausalLM` with coordinate and size heads.
 
 The architecture of Falcon Perception's chain of perception (arXiv 2603.27365, used by Falcon
-Perception-HD, arXiv 2608.18881; spec §4.2), reduced to boxes: after the prompt
+Perception-HD, arXiv 2608.18881), reduced to boxes: after the prompt
 `[patch_1 … patch_P] <colour> <shape>` the decoder emits an existence token, then per instance
 a `<coord>` step and a `<size>` step, then `<end>`. One hidden state h_t drives three heads:
 

@@ -1,6 +1,6 @@
 """Correlation metrics of quality assessment: SRCC, KRCC, PLCC and RMSE after a logistic fit.
 
-The PCQA-R1 evaluation protocol (arXiv 2608.18627, spec §5.6): SRCC = Spearman(gt, pred) on the
+The PCQA-R1 evaluation protocol (arXiv 2608.18627): SRCC = Spearman(gt, pred) on the
 raw predictions, KRCC = Kendall's τ-b, and PLCC / RMSE between the ground truth and the
 predictions mapped through the 4-parameter logistic
 

@@ -1,8 +1,9 @@
 """Set-level box matching: rewards and metrics for dense perception (Falcon Perception-HD).
 
 A rollout of a dense-perception policy is a *set* of boxes; its reward compares that set with the
-ground-truth set (Falcon Perception-HD, arXiv 2608.18881; its reward formulas and evaluation
-protocol, cited below as "spec" with the section numbers of the project's summary of the paper).
+ground-truth set (Falcon Perception-HD, arXiv 2608.18881: the count reward of its GRPO recipe,
+and its evaluation protocol, which follows the `eval/metrics.py` of Falcon Perception's code,
+github.com/tiiuae/Falcon-Perception).
 
 Boxes are `[n, 4]` arrays in normalised centre format `(cx, cy, w, h)`. The paper writes its
 size token as `<size>(h, w)`: a decoder turning tokens into boxes must reorder it to `(w, h)`.
@@ -275,7 +276,7 @@ def match(pred_boxes, gt_boxes, *, iou_threshold: float = 0.5) -> MatchResult:
   TP = |M|, FP = P − TP, FN = G − TP. A pair at exactly IoU = τ never matches.
 
   The paper runs the Hungarian algorithm on the raw IoU matrix and then drops the pairs at or
-  below τ (arXiv 2608.18881; spec §4.3). Here the pairs at or below τ are removed *before*
+  below τ (arXiv 2608.18881, the count reward). Here the pairs at or below τ are removed *before*
   solving (PROPOSAL, as the project issue asks). Whenever the raw optimum uses no pair below τ
   the two agree; otherwise the raw optimum may spend a box on a sub-threshold pair that is then
   dropped, while this matching never does. Each ground-truth box matches once, so a duplicate
@@ -595,8 +596,8 @@ def threshold_counts(pred_boxes, gt_boxes, thresholds=IOU_THRESHOLDS) -> Thresho
 
   Match once over all overlapping pairs (`match` with τ = 0), then for each threshold t:
   TP_t = #(matched IoU ≥ t), FP_t = P − TP_t, FN_t = G − TP_t. This follows the evaluation code
-  of Falcon Perception (spec §4.7): the pairs are fixed before thresholding and a pair at exactly
-  t counts. It differs from `match(…, iou_threshold=t)`, which re-matches above t.
+  of Falcon Perception (`eval/metrics.py`): the pairs are fixed before thresholding and a pair
+  at exactly t counts. It differs from `match(…, iou_threshold=t)`, which re-matches above t.
 
   Args:
     pred_boxes: `[P, 4]` boxes; gt_boxes: `[G, 4]` boxes.
@@ -670,8 +671,8 @@ def macro_f1(preds: Sequence, gts: Sequence, thresholds=IOU_THRESHOLDS) -> float
   """Macro-F1: mean `sample_f1` over the samples whose ground truth is non-empty.
 
   Samples without ground truth (true negatives or false detections) do not enter; a positive
-  sample with no prediction scores 0 (PBench / SA-Co protocol, spec §4.7). NaN if no sample has
-  ground truth.
+  sample with no prediction scores 0 (the PBench / SA-Co protocol of arXiv 2608.18881). NaN if
+  no sample has ground truth.
 
   Args:
     preds: S prediction sets, each `[P_s, 4]`.

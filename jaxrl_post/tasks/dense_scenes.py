@@ -1,9 +1,10 @@
 """Synthetic dense scenes and referring queries for autoregressive detection (Falcon Perception-HD).
 
-A stand-in for the paper's dense-scene data (arXiv 2608.18881, spec §4.6, not released): small
-RGB images of rectangles and ellipses of varied sizes and colours on a noisy background, from 0
-to several hundred objects, and a referring query by attribute ("red", "ellipse", "blue
-rectangle", "anything") that selects a subset of them. A query whose subset is empty is a
+A stand-in for the paper's dense-scene data (arXiv 2608.18881: 2.5k curated images with ~200 to
+several hundred instances, pseudo-labelled and human-corrected; not released): small RGB images
+of rectangles and ellipses of varied sizes and colours on a noisy background, from 0 to several
+hundred objects, and a referring query by attribute ("red", "ellipse", "blue rectangle",
+"anything") that selects a subset of them. A query whose subset is empty is a
 *negative* query: the right answer is the `<none>` existence token.
 
   scene = make_scene(seed=3, index=17, num_targets=40, query=Query("red", "any"))

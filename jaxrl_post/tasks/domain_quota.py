@@ -18,8 +18,10 @@ Everything is a function of the seed and the state, so resuming gives the same b
 never stopping. The sampler returns indices into each domain's pool; the caller maps them to
 records (for example with `TaskSource` or a tfds data source per domain).
 
-Reference: Gao et al., Open-MOPD, arXiv 2608.19098 (seed000_five_papers.md §1.5, §1.6:
-`DomainWeightedSampler`, `weighted_quotas`).
+Reference: Gao et al., Open-MOPD, arXiv 2608.19098: each batch of 1024 prompts is drawn with
+exact domain quotas math : code : IF = 2 : 2 : 1 (Hamilton apportionment per batch, small pools
+cycled); in the official code (github.com/BytedTsinghua-SIA/Open-MOPD),
+`verl/utils/dataset/domain_weighted_sampler.py`: `DomainWeightedSampler`, `weighted_quotas`.
 """
 
 from __future__ import annotations

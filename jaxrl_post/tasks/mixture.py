@@ -28,8 +28,8 @@ index, and `meta` = `{"domain": d, "index": k, "meta": <the domain task's meta>}
 reads the label back. Domain ids follow the sorted domain names: ConfigDicts sort their keys,
 so any other order would differ between a config file and Python code.
 
-Reference: the mixed-domain setting of Open-MOPD, arXiv 2608.19098 (math : code : IF = 2 : 2 : 1;
-seed000_five_papers.md §1.5, §1.6).
+Reference: the mixed-domain setting of Open-MOPD, arXiv 2608.19098: prompts drawn with the
+domain ratio math : code : IF = 2 : 2 : 1, exact per batch.
 """
 
 from __future__ import annotations
