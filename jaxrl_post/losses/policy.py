@@ -253,7 +253,7 @@ def policy_loss(
     sampler_correction: "truncate" (TIS) or "mask" (IcePop / MIS).
     sampler_min: lower bound of the sampler IS weight (None: none).
     sampler_max: upper bound of the sampler IS weight (None: none). Default 2.0, Tunix's token
-      TIS cap (the spec gives none: PROPOSAL).
+      TIS cap (the papers give none: PROPOSAL).
     entropy: optional `[batch, time]` per-token entropies, for the `entropy` metric only.
     num_tokens: valid tokens in the whole batch (default: Σ mask).
     num_sequences: non-empty sequences in the whole batch (default: counted from mask).

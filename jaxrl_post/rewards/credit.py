@@ -75,7 +75,8 @@ def pearson(x: jax.Array, y: jax.Array, mask: jax.Array | None = None) -> jax.Ar
   """Pearson correlation along the last axis, 0 where either side has (near-)zero variance.
 
   corr(X, Y) = Cov(X, Y) / (σ(X)·σ(Y)) over the entries where `mask` is true; the zero-variance
-  guard (return 0) is the spec's PROPOSAL; "zero" means σ ≤ 100·eps·RMS (see `_STD_RTOL_EPS`).
+  guard (return 0) is this implementation's choice (the paper has none); "zero" means
+  σ ≤ 100·eps·RMS (see `_STD_RTOL_EPS`).
 
   Args:
     x: `[..., n]`.
@@ -125,7 +126,7 @@ def lagged_correlations(x: jax.Array, y: jax.Array, *,
 
   Returns:
     `(corr, valid)`: `[..., L+1]` correlations and the static `[L+1]` numpy bool mask of lags
-    with at least two overlapping points (invalid lags hold 0; the spec is silent on them —
+    with at least two overlapping points (invalid lags hold 0; the paper is silent on them —
     PROPOSAL: ignore them).
   """
   x, y = jnp.broadcast_arrays(jnp.asarray(x), jnp.asarray(y))
@@ -310,7 +311,7 @@ def fuse_scores(llm_credit: jax.Array, corr_credit: jax.Array, *, tau: float,
 def ucb_scores(scores: jax.Array, counts: jax.Array, total, *, gamma: float) -> jax.Array:
   """Upper confidence bounds u_i = s_i + γ·sqrt(ln(U + 1)) / (n_i + 1)  (arXiv 2608.18827).
 
-  Implemented exactly as the spec writes it: the bonus divides by (n_i + 1), not by
+  Implemented exactly as the paper writes it: the bonus divides by (n_i + 1), not by
   sqrt(n_i + 1) as in UCB1.
 
   Args:

@@ -277,7 +277,7 @@ def match(pred_boxes, gt_boxes, *, iou_threshold: float = 0.5) -> MatchResult:
 
   The paper runs the Hungarian algorithm on the raw IoU matrix and then drops the pairs at or
   below τ (arXiv 2608.18881, the count reward). Here the pairs at or below τ are removed *before*
-  solving (PROPOSAL, as the project issue asks). Whenever the raw optimum uses no pair below τ
+  solving (PROPOSAL: this implementation's choice). Whenever the raw optimum uses no pair below τ
   the two agree; otherwise the raw optimum may spend a box on a sub-threshold pair that is then
   dropped, while this matching never does. Each ground-truth box matches once, so a duplicate
   prediction is a false positive: this is what lets the count reward stand in for NMS.
