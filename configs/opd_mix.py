@@ -29,7 +29,7 @@ domain `domain/<d>/{token_share, budget_share, mean_abs_reward, weight, stalenes
 clip_frac}`.
 
 Methods set `opd.{balance_shares, gap_alpha, refresh, inner_updates}` (see
-jaxrl_post/training/opd.py `METHODS`); any of them can be overridden, e.g. the paper's matched
+jaxrl_post/methods/opd.py `METHODS`); any of them can be overridden, e.g. the paper's matched
 control `method=naive --config.opd.inner_updates=4`.
 
 Variants (after the colon): `method=naive|token_share|gap|open_mopd`, `root=<dir>`, `sft` (the
@@ -45,6 +45,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrl_post.config_args import parse_arg
+from jaxrl_post.parallel.mesh import mesh_config
 from jaxrl_post.tasks.mixture import DEFAULT_COMPONENTS
 from jaxrl_post.training import base_configs
 
@@ -118,7 +119,7 @@ def get_config(arg=None):
 
   c.method = arg.method
   c.opd = ml_collections.ConfigDict()
-  # None = the method's value (opd.METHODS); set to override one switch.
+  # None = the method's value (methods/opd.py METHODS); set to override one switch.
   c.opd.balance_shares = config_dict.placeholder(bool)
   c.opd.gap_alpha = config_dict.placeholder(float)
   c.opd.refresh = config_dict.placeholder(bool)
@@ -145,6 +146,9 @@ def get_config(arg=None):
   c.keep_checkpoints = 2
   c.log_every = 1
   c.max_nonfinite_streak = 5
+  # Devices and sharding rules (`--config.mesh.ici_data=2`, ...), as base_configs._common: the
+  # student and its teachers are sharded alike on the trainer's mesh.
+  c.mesh = mesh_config()
 
   if arg.runlocal:
     c.model = "tiny"

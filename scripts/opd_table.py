@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_post.losses.distillation import headroom_recovery  # noqa: E402
+from jaxrl_post.methods.opd import headroom_recovery  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
 DOMAINS = ("arith", "countdown", "format")

@@ -26,12 +26,12 @@ from jaxrl_post.losses.distillation import encode_domain_labels as encode_domain
 from jaxrl_post.losses.distillation import full_vocab_opd_loss as full_vocab_opd_loss
 from jaxrl_post.losses.distillation import full_vocab_opd_reward as full_vocab_opd_reward
 from jaxrl_post.losses.distillation import full_vocab_reverse_kl as full_vocab_reverse_kl
-from jaxrl_post.losses.distillation import headroom_recovery as headroom_recovery
 from jaxrl_post.losses.distillation import mopd_loss as mopd_loss
 from jaxrl_post.losses.distillation import mopd_reward as mopd_reward
 from jaxrl_post.losses.distillation import mopd_topk_reward as mopd_topk_reward
 from jaxrl_post.losses.distillation import opd_topk_ppo_loss as opd_topk_ppo_loss
 from jaxrl_post.losses.distillation import refresh_topk_reward as refresh_topk_reward
+from jaxrl_post.losses.distillation import rollout_domain_weights as rollout_domain_weights
 from jaxrl_post.losses.distillation import sampled_token_opd_reward as sampled_token_opd_reward
 from jaxrl_post.losses.distillation import topk_opd_reward as topk_opd_reward
 from jaxrl_post.losses.distillation import topk_staleness_kl as topk_staleness_kl

@@ -31,7 +31,7 @@ statistics into weights, so a split or sharded batch gets exactly the full-batch
 losses take the full-batch `num_tokens` / `num_sequences` for the same reason.
 
 Host-side helpers (not jittable) validate domain labels and ids: `encode_domain_labels`,
-`check_domain_ids`. `headroom_recovery` is the paper's evaluation arithmetic (§1.7).
+`check_domain_ids`.
 """
 
 from __future__ import annotations
@@ -1001,6 +1001,71 @@ def domain_weights(
   )
 
 
+def rollout_domain_weights(
+  mask: jax.Array,
+  domain_ids: jax.Array,
+  rewards: jax.Array,
+  *,
+  target_shares: jax.Array | Sequence[float],
+  alpha: ArrayLike = 1.0,
+  balance_shares: bool = True,
+  clip_min: ArrayLike = GAP_CLIP_MIN,
+  clip_max: ArrayLike = GAP_CLIP_MAX,
+  reference: str = "share_weighted",
+  num_chunks: int = 1,
+) -> tuple[jax.Array, DomainWeighting]:
+  """Per-row Open-MOPD weights and the per-domain table, from the *whole* rollout batch.
+
+  tokens_d, abs_d = Σ over chunks of `domain_token_stats(chunk)`    (additive sums)
+  w_d             = `domain_weighting(tokens, abs; M1 if balance_shares, α)`
+  w_i             = w_{d(i)},   Σ_i w_i L_i / Σ_i L_i = 1
+
+  Open-MOPD (arXiv 2608.19098) computes these once per rollout batch from the rollout-time
+  rewards, before the split into inner updates, and holds them fixed over the updates.
+  `num_chunks` > 1 sums the statistics chunk by chunk, as a batch too large for one call (or
+  sharded) would: the weights are the same. Unlike `domain_weights`, this also returns the
+  `DomainWeighting` table (share weights, gap factors) for the per-domain metrics.
+
+  Args:
+    mask: `[B, T]` response mask.
+    domain_ids: `[B]` int domain ids in `[0, D)`.
+    rewards: `[B, T, K]` (or `[B, T]`) rollout-time rewards r.
+    target_shares: `[D]` target token shares (D = number of domains).
+    alpha: gap-following exponent α (0 turns M2 off).
+    balance_shares: apply M1 token-share balancing.
+    clip_min, clip_max: clip of the gap factor (0.05, 20).
+    reference: "share_weighted" (official code) or "mean" (project page).
+    num_chunks: rows are summed in this many consecutive chunks (must divide B).
+
+  Returns:
+    `(weights [B] float32 stop-gradient, DomainWeighting of [D] arrays)`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> mask = jnp.array([[1, 1, 1], [1, 0, 0]])
+    >>> r = jnp.array([[0.1, 0.1, 0.1], [0.4, 0.0, 0.0]])
+    >>> w, table = rollout_domain_weights(mask, jnp.array([0, 1]), r, target_shares=[0.5, 0.5])
+    >>> [round(float(x), 4) for x in w]  # as `domain_weights`
+    [0.2667, 3.2]
+  """
+  mask = jnp.asarray(mask, jnp.float32)
+  domain_ids = jnp.asarray(domain_ids, jnp.int32)
+  target = jnp.asarray(target_shares, jnp.float32)
+  chex.assert_rank(target, 1)
+  rows = mask.shape[0]
+  if num_chunks < 1 or rows % num_chunks:
+    raise ValueError(f"num_chunks={num_chunks} must divide the {rows} rows")
+  size = rows // num_chunks
+  stats = None
+  for c in range(num_chunks):
+    part = slice(c * size, (c + 1) * size)
+    chunk = domain_token_stats(mask[part], domain_ids[part], rewards[part], target.shape[0])
+    stats = chunk if stats is None else jax.tree.map(jnp.add, stats, chunk)
+  table = domain_weighting(stats, target_shares=target, alpha=alpha, clip_min=clip_min,
+                           clip_max=clip_max, balance_shares=balance_shares, reference=reference)
+  return jax.lax.stop_gradient(table.weight[domain_ids]), table
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-domain metrics.
 # ---------------------------------------------------------------------------------------------
@@ -1164,20 +1229,3 @@ def check_domain_ids(domain_ids, num_domains: int, domains: Sequence[str] | None
     raise ValueError(
       f"unknown domain id(s) {', '.join(map(str, bad))}; valid ids are 0..{num_domains - 1}{names}"
     )
-
-
-def headroom_recovery(method, mixsft, routerl):
-  """Share of the MixSFT → RouteRL headroom a method recovers (Open-MOPD §1.7).
-
-  recovery = (Total(method) − Total(MixSFT)) / (Total(RouteRL) − Total(MixSFT))
-
-  Works on Python floats and numpy / jax arrays.
-
-  Examples:
-    >>> round(headroom_recovery(31.24, 25.67, 32.35), 3)  # Open-MOPD: 5.57 / 6.68
-    0.834
-  """
-  headroom = routerl - mixsft
-  if isinstance(headroom, (int, float)) and headroom == 0:
-    raise ValueError("RouteRL and MixSFT totals are equal: no headroom to recover")
-  return (method - mixsft) / headroom

@@ -1,4 +1,5 @@
-"""Mixed SFT → Open-MOPD (experiments/opd.py) in runlocal mode: metrics, errors, exact resume."""
+"""Mixed SFT → Open-MOPD (experiments/opd.py) in runlocal mode: metrics, errors, exact resume,
+and the same run on an 8-device mesh."""
 
 import collections
 import importlib.util
@@ -9,13 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from jaxrl_post.training import opd
+from jaxrl_post.methods import opd
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, XLA_FLAGS="")
+EIGHT_DEVICES = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
 CONFIG = ROOT / "configs" / "opd_mix.py"
 DOMAINS = ("arith", "countdown", "format")
 
@@ -41,7 +44,7 @@ def test_config_variants():
   module = _load_config()
   for method in module.METHOD_NAMES:
     config = module.get_config(f"method={method},root=/r")
-    assert opd.resolve_method(config.method) == opd.METHODS.get(method)
+    assert opd.resolve_switches(config.method) == opd.METHODS.get(method)
     assert config.init_from == "/r/sft" and config.teachers.format == "/r/teacher_format"
   assert module.get_config("steps=0").steps == 0 and module.get_config("").steps == 50
   sft = module.get_config("sft")
@@ -60,10 +63,16 @@ def test_config_variants():
   assert len(added) == 12 and {kw["method"] for kw in added} == set(module.METHOD_NAMES)
 
 
-def test_mixed_sft_then_open_mopd_with_sft_teachers_and_exact_resume(tmp_path):
-  sft = tmp_path / "sft"
-  _run("sft.py", "sft,runlocal", sft)
-  assert any("eval/accuracy" in r for r in read_metrics(sft))
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+  """A mixed-SFT runlocal checkpoint: every domain's teacher in the runs below."""
+  workdir = tmp_path_factory.mktemp("sft")
+  _run("sft.py", "sft,runlocal", workdir)
+  assert any("eval/accuracy" in r for r in read_metrics(workdir))
+  return workdir
+
+
+def test_mixed_sft_then_open_mopd_with_sft_teachers_and_exact_resume(sft, tmp_path):
 
   # A domain without a teacher fails at start-up, before anything compiles.
   failed = _run("opd.py", "runlocal", tmp_path / "bad", f"--config.teachers.arith={sft}",
@@ -114,3 +123,37 @@ def test_mixed_sft_then_open_mopd_with_sft_teachers_and_exact_resume(tmp_path):
                 "domain/arith/weight"):
       assert abs(a[key] - b[key]) < 1e-5, (key, a["step"], a[key], b[key])
   assert sum("route/total" in r for r in read_metrics(run)) == 1  # not re-evaluated
+
+
+@pytest.mark.slow
+def test_open_mopd_on_a_mesh_matches_one_device(sft, tmp_path):
+  """data 2 × fsdp 2 × tensor 2 on a fake 8-device host vs one device: the same steps.
+
+  Student and teachers are sharded alike on the trainer's mesh; mini- and micro-batches of
+  1-2 rows and the teachers' 3-row calls do not divide the data axis and are replicated.
+  On 2 loaded cores the two runs take 60-120 s (mostly compilation), hence `slow`.
+  """
+  teachers = [f"--config.teachers.{d}={sft}" for d in DOMAINS]
+  short = ("--config.steps=3", "--config.eval_every=100", "--config.checkpoint_every=100",
+           "--config.eval_teachers=False")
+  _run("opd.py", "runlocal", tmp_path / "one", *teachers, *short)
+  result = _run("opd.py", "runlocal", tmp_path / "eight", *teachers, *short,
+                "--config.mesh.ici_data=2", "--config.mesh.ici_fsdp=2",
+                "--config.mesh.ici_tensor=2", env=EIGHT_DEVICES)
+  assert "trainer mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in result.stderr
+  single, sharded = ([r for r in read_metrics(tmp_path / name) if "train/loss" in r]
+                     for name in ("one", "eight"))
+  assert [r["step"] for r in sharded] == [r["step"] for r in single] == [1, 2, 3]
+  assert max(abs(r["train/loss"]) for r in single) > 1e-3  # not a comparison of zeros
+  for a, b in zip(single, sharded):
+    # The same tokens are sampled (keys by global row), so the task rewards are equal exactly.
+    assert b["train/reward_correct"] == a["train/reward_correct"]
+    for key in ("train/loss", "train/grad_norm", "train/reward_mean", "train/staleness_kl_last",
+                "domain/format/weight", "domain/arith/token_share"):
+      # Loss, gradient norm, OPD reward and weights differ only by float32 summation order
+      # across shards (carried through 3 × 4 Adam updates), as in test_mesh_runlocal.py;
+      # 1e-4 relative is far below what a per-shard normaliser or weight, or a lost shard of
+      # rows, would move. staleness_kl_last is a small difference of log-probs (~1e-3):
+      # atol covers its absolute noise.
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6,
+                                 err_msg=f"{key} at step {a['step']}")

@@ -1,4 +1,5 @@
-"""Open-MOPD glue: routing errors, routed teacher scores, global weights, refresh in a real loss."""
+"""methods/opd.py: switches, routing errors, routed teacher scores, global weights, refresh in a
+real loss, the K inner updates as a PPO phase, headroom recovery."""
 
 import doctest
 
@@ -10,9 +11,10 @@ import pytest
 from flax import nnx
 
 from jaxrl_post import losses
+from jaxrl_post.methods import opd
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.sampling import score, score_model
-from jaxrl_post.training import opd, rl
+from jaxrl_post.training import ppo
 from jaxrl_post.training.checkpoint import Checkpointer
 from jaxrl_post.training.train_state import create_train_state, make_train_step
 
@@ -50,7 +52,7 @@ def _opd_batch(student, teacher, domain_ids, seed=0, weights=None, normalizers=T
     batch["completion_mask"][..., None], old.topk_logp, 0.0), teacher_topk_logp=q,
                seq_weights=jnp.asarray(weights, jnp.float32),
                domain_ids=jnp.asarray(domain_ids, jnp.int32))
-  return rl.with_normalizers(batch) if normalizers else batch
+  return ppo.with_normalizers(batch) if normalizers else batch
 
 
 # ---- methods and routing ----
@@ -62,15 +64,15 @@ def test_doctests():
 
 
 def test_methods_are_the_ablation_rows_and_overrides_apply():
-  assert opd.resolve_method("naive") == opd.Method(False, 0.0, False, 1)
-  assert opd.resolve_method("open_mopd") == opd.Method(True, 1.0, True, 4)
+  assert opd.resolve_switches("naive") == opd.Switches(False, 0.0, False, 1)
+  assert opd.resolve_switches("open_mopd") == opd.Switches(True, 1.0, True, 4)
   # The paper's "naive matched control": naive weights, K = 4; None keeps the method's value.
-  control = opd.resolve_method("naive", inner_updates=4, refresh=None)
-  assert control == opd.Method(False, 0.0, False, 4)
+  control = opd.resolve_switches("naive", inner_updates=4, refresh=None)
+  assert control == opd.Switches(False, 0.0, False, 4)
   with pytest.raises(ValueError, match="valid names: gap, naive, open_mopd, token_share"):
-    opd.resolve_method("open-mopd")
+    opd.resolve_switches("open-mopd")
   with pytest.raises(ValueError, match="inner_updates must be >= 1"):
-    opd.resolve_method("gap", inner_updates=0)
+    opd.resolve_switches("gap", inner_updates=0)
 
 
 def test_teacher_routing_rejects_unknown_labels_and_domains_without_teacher(tmp_path):
@@ -159,9 +161,9 @@ def test_domain_weights_use_global_stats_across_any_split():
   domain_ids = np.repeat([0, 1, 2, 0], 4)
   mask[domain_ids == 2, 2:] = 0  # the short-answer domain: a small token share
   rewards = rng.normal(0, 1, (rows, time, K)).astype(np.float32) * mask[..., None]
-  kw = dict(num_domains=3, method=opd.resolve_method("gap"), target_shares=[1 / 3] * 3)
-  full, table = opd.rollout_domain_weights(mask, domain_ids, rewards, **kw)
-  chunked, _ = opd.rollout_domain_weights(mask, domain_ids, rewards, num_chunks=4, **kw)
+  kw = dict(alpha=1.0, balance_shares=True, target_shares=[1 / 3] * 3)  # "gap"
+  full, table = losses.rollout_domain_weights(mask, domain_ids, rewards, **kw)
+  chunked, _ = losses.rollout_domain_weights(mask, domain_ids, rewards, num_chunks=4, **kw)
   np.testing.assert_allclose(chunked, full, rtol=1e-6)
   # Token-weighted mean 1, and the short domain is up-weighted (M1).
   lengths = mask.sum(1)
@@ -170,14 +172,13 @@ def test_domain_weights_use_global_stats_across_any_split():
   # The mini-batches of the inner updates carry the full-batch weights of their rows, which
   # differ from weights computed inside one mini-batch (so the split does matter).
   batch = {"completion_mask": mask, "seq_weights": np.asarray(full), "row": np.arange(rows)}
-  for part in rl.ppo_mini_batches(batch, 4, np.random.default_rng(1)):
+  for part in ppo.ppo_mini_batches(batch, 4, np.random.default_rng(1)):
     np.testing.assert_array_equal(part["seq_weights"], np.asarray(full)[part["row"]])
-  local, _ = opd.rollout_domain_weights(mask[:4], domain_ids[:4], rewards[:4], **kw)
+  local, _ = losses.rollout_domain_weights(mask[:4], domain_ids[:4], rewards[:4], **kw)
   assert not np.allclose(local, np.asarray(full)[:4])
   # Naive M-OPD: uniform weights.
-  naive, _ = opd.rollout_domain_weights(mask, domain_ids, rewards, num_domains=3,
-                                        method=opd.resolve_method("naive"),
-                                        target_shares=[1 / 3] * 3)
+  naive, _ = losses.rollout_domain_weights(mask, domain_ids, rewards, alpha=0.0,
+                                           balance_shares=False, target_shares=[1 / 3] * 3)
   np.testing.assert_allclose(naive, np.ones(rows), rtol=1e-6)
 
 
@@ -253,7 +254,8 @@ def test_inner_updates_refresh_each_update_and_micro_batches_match():
     step_fn = make_train_step(graphdef, opd.make_opd_loss(num_domains=3, refresh=True),
                               optimizer, num_micro_batches=micro,
                               shared=("num_tokens", "num_sequences"))
-    results[micro] = opd.inner_updates(step_fn, state, batch, 2, np.random.default_rng(0))[1]
+    results[micro] = ppo.ppo_phase(step_fn, state, batch, epochs=1, mini_batches=2,
+                                   rng=np.random.default_rng(0))[1]
   updates = results[1]
   assert len(updates) == 2
   # Update 0 runs at θ_old (nothing stale); update 1 at θ_1, so its reward was refreshed.
@@ -265,3 +267,52 @@ def test_inner_updates_refresh_each_update_and_micro_batches_match():
   assert merged["num_updates"] == 2 and merged["staleness_kl_last"] > 0
   for d in DOMAINS:
     assert {f"{d}/staleness_kl", f"{d}/clip_frac", f"{d}/update_mean_abs_reward"} <= set(merged)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's evaluation arithmetic (arXiv 2608.19098, Table 1).
+# ---------------------------------------------------------------------------------------------
+
+# Domain scores (math, code, IF) from the results table; Total = mean of the three.
+TABLE = {
+  "MixSFT e4": (17.95, 17.60, 41.46),
+  "RouteRL": (24.24, 21.73, 51.08),
+  "RouteOPD": (23.15, 21.71, 49.80),
+  "RFT": (23.44, 19.21, 36.87),
+  "MixRL": (21.64, 18.78, 46.45),
+  "ParamMerge-Avg": (19.95, 19.79, 43.86),
+  "ParamMerge-TA": (22.34, 22.44, 46.60),
+  "Naive M-OPD": (21.26, 19.26, 43.64),
+  "Open-MOPD": (22.42, 21.73, 49.58),
+}
+RECOVERY = {
+  "RouteOPD": 88.0,
+  "RFT": 12.6,
+  "MixRL": 49.3,
+  "ParamMerge-Avg": 32.9,
+  "ParamMerge-TA": 71.7,
+  "Naive M-OPD": 35.6,
+  "Open-MOPD": 83.4,
+}
+
+
+def test_headroom_recovery_from_the_table():
+  # Totals as printed: 25.67 / 32.35 / 28.05 / 31.24 (e.g. (22.42 + 21.73 + 49.58)/3 = 31.243).
+  totals = {name: round(sum(s) / 3, 2) for name, s in TABLE.items()}
+  assert totals["MixSFT e4"] == 25.67 and totals["RouteRL"] == 32.35
+  assert totals["Naive M-OPD"] == 28.05 and totals["Open-MOPD"] == 31.24
+  # Naive: (28.05 − 25.67)/(32.35 − 25.67) = 2.38/6.68 = 35.6 %; Open-MOPD: 5.57/6.68 = 83.4 %.
+  assert round(100 * opd.headroom_recovery(28.05, 25.67, 32.35), 1) == 35.6
+  assert round(100 * opd.headroom_recovery(31.24, 25.67, 32.35), 1) == 83.4
+  for name, expected in RECOVERY.items():
+    got = opd.headroom_recovery(totals[name], totals["MixSFT e4"], totals["RouteRL"])
+    assert round(100 * got, 1) == expected, name
+  assert opd.headroom_recovery(32.35, 25.67, 32.35) == 1.0
+  # Integration gap = Total(RouteOPD) − Total(method): 3.50 (naive) → 0.31 (Open-MOPD).
+  assert round(totals["RouteOPD"] - totals["Naive M-OPD"], 2) == 3.50
+  assert round(totals["RouteOPD"] - totals["Open-MOPD"], 2) == 0.31
+  np.testing.assert_allclose(
+    opd.headroom_recovery(np.array([28.05, 31.24]), 25.67, 32.35), [0.3563, 0.8338], atol=1e-4
+  )
+  with pytest.raises(ValueError, match="no headroom"):
+    opd.headroom_recovery(1.0, 2.0, 2.0)
