@@ -14,8 +14,9 @@ lists the valid ones, so a typo in a config fails at start-up, not mid-run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -48,6 +49,21 @@ class Registry(Generic[T]):
       raise KeyError(
         f"unknown {self.kind} {name!r}; valid names: {', '.join(sorted(self._entries))}"
       ) from None
+
+  def build(self, name: str, **knobs: Any):
+    """Instantiates the dataclass registered as `name` with `knobs` (its init fields).
+
+    Raises:
+      KeyError: for an unknown name, listing the valid ones.
+      TypeError: for an unknown knob, listing the dataclass's knobs.
+    """
+    cls = self.get(name)
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(knobs) - set(valid))
+    if unknown:
+      raise TypeError(
+        f"{self.kind} {name!r} has no knob(s) {unknown}; valid knobs: {', '.join(valid)}")
+    return cls(**knobs)
 
   def names(self) -> list[str]:
     return sorted(self._entries)

@@ -299,18 +299,8 @@ ENVS: Registry[type[Env]] = Registry("env")
 
 
 def get_env(name: str, **knobs: Any) -> Env:
-  """Builds the env registered as `name` with the given knobs.
-
-  Raises:
-    KeyError: for an unknown name, listing the valid ones.
-    TypeError: for an unknown knob, listing the env's knobs.
-  """
-  cls = ENVS.get(name)
-  valid = [f.name for f in dataclasses.fields(cls) if f.init]
-  unknown = sorted(set(knobs) - set(valid))
-  if unknown:
-    raise TypeError(f"env {name!r} has no knob(s) {unknown}; valid knobs: {', '.join(valid)}")
-  return cls(**knobs)
+  """Builds the env registered as `name` with the given knobs (see `Registry.build`)."""
+  return ENVS.build(name, **knobs)
 
 
 def example_rng(env_name: str, seed: int, split: str, index: int) -> random.Random:
