@@ -383,6 +383,11 @@ def _policy_loss(logp, old_logp, adv, mask, *, loss_agg_mode, objective, epsilon
   return loss, aux
 
 
+# GSPO's ε_l, ε_h (arXiv 2507.18071) and its (1/G) Σ_i average over sequences.
+_GSPO_DEFAULTS = {"epsilon_low": 3e-4, "epsilon_high": 4e-4,
+                  "loss_agg_mode": "seq-mean-token-mean"}
+
+
 def _fixed(kwargs: dict, name: str, **fixed) -> dict:
   for key, value in fixed.items():
     if kwargs.get(key, value) != value:
@@ -412,9 +417,7 @@ def gspo_loss(logp, old_logp, adv, mask, **kwargs) -> tuple[jax.Array, PolicyLos
   References:
     Zheng et al., Group Sequence Policy Optimization, arXiv 2507.18071.
   """
-  kwargs.setdefault("epsilon_low", 3e-4)
-  kwargs.setdefault("epsilon_high", 4e-4)
-  kwargs.setdefault("loss_agg_mode", "seq-mean-token-mean")
+  kwargs = {**_GSPO_DEFAULTS, **kwargs}
   kwargs = _fixed(kwargs, "gspo", importance_sampling_level="sequence", objective="clip")
   return policy_loss(logp, old_logp, adv, mask, **kwargs)
 
@@ -436,9 +439,7 @@ def gspo_token_loss(logp, old_logp, adv, mask, **kwargs) -> tuple[jax.Array, Pol
   References:
     Zheng et al., Group Sequence Policy Optimization, arXiv 2507.18071.
   """
-  kwargs.setdefault("epsilon_low", 3e-4)
-  kwargs.setdefault("epsilon_high", 4e-4)
-  kwargs.setdefault("loss_agg_mode", "seq-mean-token-mean")
+  kwargs = {**_GSPO_DEFAULTS, **kwargs}
   kwargs = _fixed(kwargs, "gspo_token", importance_sampling_level="sequence_token",
                   objective="clip")
   return policy_loss(logp, old_logp, adv, mask, **kwargs)
