@@ -39,7 +39,7 @@ from jaxrl_post.rewards import module_pool as mp
 from jaxrl_post.rewards.evolution import RewardCandidate, TrainResult
 from jaxrl_post.rewards.proposers import Proposer, TaskInfo
 from jaxrl_post.rl_control import ppo
-from jaxrl_post.rl_control.envs import ControlTask
+from jaxrl_post.rl_control.task import ControlTask
 
 MONOLITHIC_NAME = "reward"
 

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from gymnax.environments import spaces
 
-from jaxrl_post.rl_control.envs import ControlTask
+from jaxrl_post.rl_control.task import ControlTask
 
 DEFAULT_EPISODE_LENGTH = 1000
 DEFAULT_BACKEND = "positional"

@@ -21,60 +21,17 @@ Pendulum-v1 features (scalars): theta (angle from upright, wrapped to [−π, π
 (rad/s, |·| ≤ 8), torque (applied torque, clipped to [−2, 2]), upright (cos theta).
 
 Brax tasks ("brax/hopper", "brax/halfcheetah", "brax/ant", "brax/reacher", "brax/pusher") live
-in `brax_envs`, which imports brax only when one of them is requested; their `next_obs` is a
+in `brax_envs`, which imports brax itself only when one of them is built; their `next_obs` is a
 `brax_envs.BraxObservation` (terminal observation plus quantities of the full brax state).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Mapping
-
 import gymnax
 import jax.numpy as jnp
 
-from jaxrl_post.rewards.proposers import TaskInfo
-
-FeatureFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], dict]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ControlTask:
-  """A gymnax environment with everything the reward-evolution loop needs to know.
-
-  Attributes:
-    name: gymnax id, e.g. "CartPole-v1", or "brax/<env>" (see `brax_envs`).
-    env: the gymnax environment (or a `brax_envs.GymnaxBrax` with the same interface).
-    env_params: its default parameters.
-    discrete: categorical actions (else a diagonal Gaussian policy).
-    action_dim: number of actions (discrete) or action dimensions (continuous).
-    action_scale: continuous actions are clipped to [−scale, scale] by the env.
-    feature_spec: feature name → per-sample shape (`()` here; `(d,)` vectors for brax).
-    feature_docs: feature name → meaning and units.
-    features: `(obs [B, O], action [B] | [B, A], next_obs [B, O], terminated [B]) -> {name:
-      [B] | [B, d]}` with `next_obs` the terminal observation on the last step of an episode
-      (for brax, a `BraxObservation` pytree rather than an array).
-    task: the task and its fitness, in words.
-    environment: the dynamics and episode structure, in words.
-  """
-  name: str
-  env: Any
-  env_params: Any
-  discrete: bool
-  action_dim: int
-  action_scale: float
-  feature_spec: Mapping[str, tuple[int, ...]]
-  feature_docs: Mapping[str, str]
-  features: FeatureFn
-  task: str
-  environment: str
-
-  def task_info(self, feature_stats: Mapping[str, tuple[float, float]] | None = None
-                ) -> TaskInfo:
-    """What the proposer sees; `feature_stats` e.g. from `adapter.feature_statistics`."""
-    return TaskInfo(task=self.task, environment=self.environment,
-                    feature_spec=dict(self.feature_spec), feature_docs=dict(self.feature_docs),
-                    feature_stats=dict(feature_stats or {}))
+from jaxrl_post.rl_control import brax_envs
+from jaxrl_post.rl_control.task import ControlTask
 
 
 def _cartpole_features(obs, action, next_obs, terminated):
@@ -97,11 +54,10 @@ GYMNAX_NAMES = ("CartPole-v1", "Pendulum-v1")
 def make_task(name: str) -> ControlTask:
   """The `ControlTask` for "CartPole-v1", "Pendulum-v1" or "brax/<env>[?options]"."""
   if name.startswith("brax/"):
-    from jaxrl_post.rl_control import brax_envs  # Lazy: gymnax users never import brax.
-    return brax_envs.make_task(name)
+    return brax_envs.make_task(name)  # Imports brax itself, only now.
   if name not in GYMNAX_NAMES:
-    from jaxrl_post.rl_control.brax_envs import VALID_NAMES
-    raise ValueError(f"unsupported task {name!r}; valid: {', '.join(GYMNAX_NAMES + VALID_NAMES)}")
+    valid = GYMNAX_NAMES + brax_envs.VALID_NAMES
+    raise ValueError(f"unsupported task {name!r}; valid: {', '.join(valid)}")
   env, params = gymnax.make(name)
   if name == "CartPole-v1":
     spec = {k: () for k in ("x", "x_dot", "theta", "theta_dot", "push", "alive")}

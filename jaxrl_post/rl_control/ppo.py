@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 from jaxrl_post.rl_control import normalization
-from jaxrl_post.rl_control.envs import ControlTask
+from jaxrl_post.rl_control.task import ControlTask
 
 RewardFn = Callable[[Mapping[str, jax.Array], jax.Array], object]
 
