@@ -129,9 +129,9 @@ def test_mixed_sft_then_open_mopd_with_sft_teachers_and_exact_resume(sft, tmp_pa
 def test_open_mopd_on_a_mesh_matches_one_device(sft, tmp_path):
   """data 2 × fsdp 2 × tensor 2 on a fake 8-device host vs one device: the same steps.
 
-  Student and teachers are sharded alike on the trainer's mesh; mini- and micro-batches of
-  1-2 rows and the teachers' 3-row calls do not divide the data axis and are replicated.
-  On 2 loaded cores the two runs take 60-120 s (mostly compilation), hence `slow`.
+  Student and teachers are sharded alike on the trainer's mesh (batch axes that do not divide
+  the 1-2 row micro-batches or the teachers' 3-row calls are dropped, `put_batch`). On 2 loaded
+  cores the SFT fixture and the two runs take ≈ 4 min (mostly compilation), hence `slow`.
   """
   teachers = [f"--config.teachers.{d}={sft}" for d in DOMAINS]
   short = ("--config.steps=3", "--config.eval_every=100", "--config.checkpoint_every=100",
@@ -151,9 +151,9 @@ def test_open_mopd_on_a_mesh_matches_one_device(sft, tmp_path):
     for key in ("train/loss", "train/grad_norm", "train/reward_mean", "train/staleness_kl_last",
                 "domain/format/weight", "domain/arith/token_share"):
       # Loss, gradient norm, OPD reward and weights differ only by float32 summation order
-      # across shards (carried through 3 × 4 Adam updates), as in test_mesh_runlocal.py;
-      # 1e-4 relative is far below what a per-shard normaliser or weight, or a lost shard of
-      # rows, would move. staleness_kl_last is a small difference of log-probs (~1e-3):
-      # atol covers its absolute noise.
+      # across shards (carried through 3 × 4 Adam updates), as in test_mesh_runlocal.py:
+      # measured ≤ 1e-6 relative. 1e-4 is far below what a per-shard normaliser or weight,
+      # or a lost shard of rows, would move. staleness_kl_last (≈ 1e-4, a KL between nearly
+      # equal students) moved 8.5e-9 absolute (9e-5 relative): atol covers it.
       np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6,
                                  err_msg=f"{key} at step {a['step']}")
