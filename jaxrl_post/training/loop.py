@@ -37,14 +37,15 @@ if the run had never stopped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import jax
 import tqdm
-from absl import logging
+from absl import app, flags, logging
 from flax import nnx
+from ml_collections import config_flags
 
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import Placement, make_placement, maybe_initialize_distributed
@@ -102,7 +103,9 @@ class Method(Protocol):
     step(state, step) -> (state, record): one training step; `record` maps metric names
       (`train/…`, `rollout/…`, `time/…`) to scalars and must hold `train/nonfinite_streak`
       when the step updated the parameters.
-    evaluate(state, step) -> record: held-out metrics (`eval/…`), written by the loop.
+    evaluate(state, step) -> record: held-out metrics (`eval/…`), written by the loop. The
+      call at step 0 happens once per run (not again after a restart), so one-off reference
+      numbers taken there must go into `state_dict`.
     state_dict() -> dict: the method's own state to checkpoint (JSON: data positions,
       counters, reference totals).
     load_state_dict(d) -> None: restores it after a restart.
@@ -243,3 +246,23 @@ def eval_summary(records: Sequence[Mapping[str, Any]], key: str, label: str) -> 
   first, last = evals[0], evals[-1]
   return (f"{label}: {first[key]:.3f} at step {first['step']} → {last[key]:.3f} at step "
           f"{last['step']}")
+
+
+def main(make_method: Callable[[Any], Method]) -> None:
+  """A whole binary: `--config` (an ml_collections config file) and `--workdir`, then `train`.
+
+      if __name__ == "__main__":
+        loop.main(GRPO)   # experiments/grpo.py
+
+  The flags are defined here, when the binary runs, not when this module is imported, so
+  tests and scripts can import the loop next to other flag definitions.
+  """
+  config = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+  workdir = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+  def run(argv):
+    del argv
+    train(config.value, workdir.value, make_method(config.value))
+
+  app.run(run)
