@@ -29,8 +29,7 @@ Variants (after the colon): `runlocal`, `phase=sft|rl|sft_more`, `seed=<n>`, `st
 import ml_collections
 
 from jaxrl_post.config_args import parse_arg
-from jaxrl_post.parallel.mesh import mesh_config
-from jaxrl_post.training.base_configs import optimizer_config
+from jaxrl_post.training.base_configs import loop_config, optimizer_config
 
 PHASES = ("sft", "rl", "sft_more")
 
@@ -40,14 +39,10 @@ def get_config(arg=None):
                   clip_cov=True)
   if arg.phase not in PHASES:
     raise ValueError(f"config arg phase={arg.phase!r}; valid: {', '.join(PHASES)}")
-  config = ml_collections.ConfigDict()
+  # The loop's keys (seed, init_from / resume, mesh, cadence defaults), set again below where
+  # this method differs.
+  config = loop_config(arg.seed)
   config.phase = arg.phase
-  config.seed = arg.seed
-  config.init_from = ""
-  config.resume = ""
-  # Devices and sharding rules (`--config.mesh.ici_data=2 --config.mesh.ici_fsdp=4`,
-  # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
-  config.mesh = mesh_config()
 
   # ---- Model: a `tiny`-family decoder with a patch encoder and coord/size heads ----
   config.model = "tiny"
