@@ -4,7 +4,7 @@ RTPO trains one turn boundary at a time, from the last turn to the first. At bou
 trajectory it restores the environment at state S_k, samples G − 1 siblings of turn k from the
 current policy, continues each to the end of the episode, and scores sibling j by its terminal
 reward R_j (the Monte-Carlo estimate of its turn-level value). Everything host-side (trunks,
-snapshots, the sweep) lives in `jaxrl_post.training.rtpo`; this module holds the array maths:
+snapshots, the sweep) lives in `jaxrl_post.methods.rtpo`; this module holds the array maths:
 
   sibling_advantages      A_j = R_j − (1/(G−1)) Σ_{j'} R_{j'}     per boundary, no std division
   boundary_has_signal     whether a boundary's siblings differ (else A ≡ 0 and it is skipped)
