@@ -186,9 +186,12 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
   if run.start.kind == "workdir":
     state, extra = run_setup.restore(run.start, checkpointer, state)
   resumed = run.start.kind in ("workdir", "resume")
-  first_step = int(extra.get("step", 0)) if resumed else 0
+  # Checkpoints written before the one loop kept the step as "rl_step" / "phase_step" and
+  # the method's state at the top level; they resume too.
+  first_step = int(extra.get("step", extra.get("rl_step", extra.get("phase_step", 0))))
+  first_step = first_step if resumed else 0
   if resumed:
-    method.load_state_dict(extra.get("method", {}))
+    method.load_state_dict(extra.get("method", extra))
   run.writer = writer = MetricWriter(workdir, resume_step=first_step if resumed else None)
   writer.write_config(config)
 
