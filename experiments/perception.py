@@ -17,21 +17,8 @@ checkpoint. Devices come from `config.mesh` (`--config.mesh.ici_data/ici_fsdp/ic
 jaxrl_post/methods/perception.py, the loop jaxrl_post/training/loop.py.
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from jaxrl_post.methods.perception import Perception
 from jaxrl_post.training import loop
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def main(argv):
-  del argv
-  loop.train(_CONFIG.value, _WORKDIR.value, Perception(_CONFIG.value))
-
-
 if __name__ == "__main__":
-  app.run(main)
+  loop.main(Perception)
