@@ -17,7 +17,7 @@ Detached rewards are advantages for a policy-gradient loss (`opd_topk_ppo_loss` 
 `mopd_loss` for "mopd", `policy_loss` for "sampled_token"); the differentiable ones are losses
 in their own right (minimise −reward, e.g. `full_vocab_opd_loss`).
 
-Open-MOPD (arXiv 2608.19098; seed000_five_papers.md §1.4) adds, per rollout batch:
+Open-MOPD (arXiv 2608.19098) adds, per rollout batch:
 
   M1 token-share balancing   base_d = g*_d / o_d  (target share over observed token share)
   M2 gap-following           factor_d = clip((m_d / ref)^α, 0.05, 20),  m_d = mean |Σ_k r| of d
@@ -55,7 +55,7 @@ OPD_REWARDS: Registry = Registry("opd reward")
 
 GAP_REFERENCES = ("share_weighted", "mean")
 
-# Open-MOPD defaults (seed000 §1.4 (a), (e), (g); §1.6).
+# Open-MOPD defaults (arXiv 2608.19098).
 TOPK = 16
 GAP_CLIP_MIN = 0.05
 GAP_CLIP_MAX = 20.0
@@ -102,7 +102,7 @@ def sampled_token_opd_reward(
     [-0.6931, 0.0]
 
   References:
-    Thinking Machines, "On-Policy Distillation" (blog, 2025); opd_family.md §1.7.
+    Thinking Machines, "On-Policy Distillation" (blog, 2025).
   """
   chex.assert_equal_shape([student_logp, teacher_logp])
   valid = _valid(mask, student_logp.shape)
@@ -355,7 +355,7 @@ def mopd_reward(
     [-1.8026, 0.5]
 
   References:
-    Ma et al., MOPD: Multi-Teacher On-Policy Distillation, arXiv 2606.30406 (spec §1.11).
+    Ma et al., MOPD: Multi-Teacher On-Policy Distillation, arXiv 2606.30406.
   """
   adv = sampled_token_opd_reward(student_logp, teacher_logp, mask)
   if orm_adv is not None:
@@ -397,7 +397,7 @@ def mopd_topk_reward(
     -0.0966
 
   References:
-    Ma et al., MOPD, arXiv 2606.30406 (top-k form per secondary notes, spec §1.11).
+    Ma et al., MOPD, arXiv 2606.30406 (its top-k form).
   """
   chex.assert_rank([student_logp, teacher_topk_logp], 3)
   chex.assert_equal_shape([student_logp, teacher_topk_logp])
@@ -480,7 +480,7 @@ def mopd_loss(
     0.5
 
   References:
-    Ma et al., MOPD, arXiv 2606.30406 (spec §1.11); IcePop as in Miles/slime `icepop_function`.
+    Ma et al., MOPD, arXiv 2606.30406; IcePop as in Miles/slime `icepop_function`.
   """
   chex.assert_rank([logp, rollout_logp, teacher_logp, mask], 2)
   chex.assert_equal_shape([logp, rollout_logp, teacher_logp, mask])
@@ -960,7 +960,7 @@ def domain_weights(
   """Open-MOPD per-sequence loss weights: token-share balancing × gap-following, mean 1.
 
   Computes `domain_token_stats` over the given (whole) batch and `domain_weighting` from them
-  (formulas there; spec §1.4 (d), (e)), returning w_i = w_{d(i)} with
+  (formulas there; arXiv 2608.19098), returning w_i = w_{d(i)} with
   Σ_i w_i·L_i / Σ_i L_i = 1. Compute once per rollout batch from rollout-time rewards and
   keep fixed over the inner updates; apply to the advantage after the reward refresh.
 
