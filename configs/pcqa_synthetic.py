@@ -70,7 +70,6 @@ per seed; the GRPO runs cost what they cost without it.
 import ml_collections
 
 from jaxrl_post.config_args import parse_arg
-from jaxrl_post.parallel.mesh import mesh_config
 from jaxrl_post.tasks import point_clouds
 from jaxrl_post.training import base_configs
 
@@ -102,12 +101,8 @@ def get_config(arg=None):
   if arg.method not in RUN_NAMES:
     raise ValueError(f"unknown method {arg.method!r} in the config argument; valid: "
                      f"{', '.join(RUN_NAMES)}")
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.method = arg.method
-  c.init_from = ""  # The workdir of the run this one starts from (all but base).
-  c.resume = ""
-  c.mesh = mesh_config()
+  c = base_configs.loop_config(seed=0)  # seed, init_from, resume, mesh, cadence defaults
+  c.method = arg.method  # Every run but base has `init_from`: the workdir of the run it continues.
   c.source = arg.source
   c.datasets = ",".join(point_clouds.dataset_names())
   c.train_size = 0  # 0: the dataset's own size (400).

@@ -22,21 +22,8 @@ model's parameters are born sharded on the trainer's mesh. The method is
 jaxrl_post/methods/pcqa.py, the loop jaxrl_post/training/loop.py.
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from jaxrl_post.methods.pcqa import PCQA
 from jaxrl_post.training import loop
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def main(argv):
-  del argv
-  loop.train(_CONFIG.value, _WORKDIR.value, PCQA(_CONFIG.value))
-
-
 if __name__ == "__main__":
-  app.run(main)
+  loop.main(PCQA)
