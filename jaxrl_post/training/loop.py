@@ -247,8 +247,9 @@ def eval_summary(records: Sequence[Mapping[str, Any]], key: str, label: str) -> 
   if not evals:
     return ""
   first, last = evals[0], evals[-1]
-  return (f"{label}: {first[key]:.3f} at step {first['step']} → {last[key]:.3f} at step "
-          f"{last['step']}")
+  # float(): the metrics file writes NaN / inf as strings ("nan").
+  return (f"{label}: {float(first[key]):.3f} at step {first['step']} → "
+          f"{float(last[key]):.3f} at step {last['step']}")
 
 
 def main(make_method: Callable[[Any], Method]) -> None:

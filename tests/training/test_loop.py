@@ -149,3 +149,9 @@ def test_a_mesh_that_does_not_fit_fails_before_building(tmp_path):
   method.build_model = lambda run: pytest.fail("built a model on an impossible mesh")
   with pytest.raises(ValueError, match="config.mesh.ici_fsdp=3"):
     loop.train(config, tmp_path, method)
+
+
+def test_eval_summary_reads_nan_written_as_a_string():
+  records = [{"step": 0, "eval/x": 0.5}, {"step": 3, "eval/x": "nan"}, {"step": 4}]
+  assert loop.eval_summary(records, "eval/x", "x") == "x: 0.500 at step 0 → nan at step 3"
+  assert loop.eval_summary(records, "eval/y", "y") == ""
