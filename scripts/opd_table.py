@@ -12,7 +12,6 @@ steps), each as mean ± std over seeds, plus the wall clock of every run. Plots:
 (per-domain token and budget shares during training).
 """
 
-import argparse
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,9 +20,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
 
+from jaxrl_post import script_flags  # noqa: E402
 from jaxrl_post.methods.opd import headroom_recovery  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_OUT = flags.DEFINE_string("out", None, "markdown table file (printed either way)",
+                           flag_values=FLAGS)
+_PLOTS = flags.DEFINE_string("plots", None, "directory for opd_domains.png, opd_shares.png",
+                             flag_values=FLAGS)
 
 DOMAINS = ("arith", "countdown", "format")
 METHODS = ("naive", "token_share", "gap", "open_mopd")
@@ -160,21 +167,19 @@ def plots(data, out_dir: Path) -> None:
   plt.close(fig)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("root", type=Path)
-  parser.add_argument("--out", type=Path, help="markdown table file (printed either way)")
-  parser.add_argument("--plots", type=Path, help="directory for opd_domains.png, opd_shares.png")
-  args = parser.parse_args()
-  data = collect(args.root)
+def main(argv: list[str]) -> None:
+  """`argv`: the program name and the root."""
+  if len(argv) != 2:
+    raise app.UsageError(f"expected one root, got {argv[1:]}")
+  data = collect(Path(argv[1]))
   text = table(data)
   print(text)
-  if args.out:
-    args.out.write_text(text)
-  if args.plots:
-    args.plots.mkdir(parents=True, exist_ok=True)
-    plots(data, args.plots)
+  if _OUT.value:
+    Path(_OUT.value).write_text(text)
+  if _PLOTS.value:
+    Path(_PLOTS.value).mkdir(parents=True, exist_ok=True)
+    plots(data, Path(_PLOTS.value))
 
 
 if __name__ == "__main__":
-  main()
+  script_flags.run(main, FLAGS)

@@ -23,7 +23,6 @@ to `<workdir>/summary.json` and stdout.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import shlex
@@ -31,7 +30,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from absl import flags
+
+from jaxrl_post import script_flags
+
 ROOT = Path(__file__).resolve().parents[1]
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_CONFIG = flags.DEFINE_string("config", None, "config file, optionally with :arg",
+                              flag_values=FLAGS, required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "root of the runs' workdirs", flag_values=FLAGS,
+                               required=True)
+_DRY_RUN = flags.DEFINE_bool("dry-run", False, "print the commands only", flag_values=FLAGS)
 
 
 def _load(path: Path, name: str):
@@ -63,19 +73,12 @@ def grid_runs(config: str, workdir: str, *, python: str = sys.executable,
   return out
 
 
-def main(argv: list[str] | None = None) -> int:
-  argv = sys.argv[1:] if argv is None else list(argv)
-  extra: list[str] = []
-  if "--" in argv:
-    extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file, optionally with :arg")
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-  args = parser.parse_args(argv)
-  runs = grid_runs(args.config, args.workdir, extra=extra)
+def main(argv: list[str]) -> int:
+  """Runs the grid, then its table; `argv`: the program name, then the words after `--`."""
+  workdir = _WORKDIR.value
+  runs = grid_runs(_CONFIG.value, workdir, extra=list(argv[1:]))
   for run, command in runs:
-    if args.dry_run:
+    if _DRY_RUN.value:
       print(shlex.join(command))
       continue
     if (run / "final.json").exists():
@@ -83,17 +86,17 @@ def main(argv: list[str] | None = None) -> int:
       continue
     print(f"{run}: {shlex.join(command)}", flush=True)
     subprocess.run(command, check=True)
-  if args.dry_run:
+  if _DRY_RUN.value:
     return 0
-  config = json.loads(next(Path(args.workdir).glob("seed_*/base/config.json")).read_text())
+  config = json.loads(next(Path(workdir).glob("seed_*/base/config.json")).read_text())
   datasets, source = config["datasets"].split(","), config["source"]
   tables = _load(ROOT / "scripts" / "pcqa_table.py", "pcqa_table")
   rows = [m for m in tables.METHODS if any(r.name == m for r, _ in runs)]
-  table = tables.aggregate_runs(args.workdir, rows, datasets, source=source)
-  (Path(args.workdir) / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
+  table = tables.aggregate_runs(workdir, rows, datasets, source=source)
+  (Path(workdir) / "summary.json").write_text(json.dumps(table, indent=1) + "\n")
   print(tables.format_table(table, datasets, source=source))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  script_flags.run(main, FLAGS)

@@ -12,7 +12,6 @@ Then the table (scripts/pcqa_table.py's `aggregate_runs` / `format_table`) goes 
 stdout.
 """
 
-import argparse
 import importlib.util
 import json
 import time
@@ -20,8 +19,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from absl import app, flags
 from flax import nnx
 
+from jaxrl_post import script_flags
 from jaxrl_post.methods import pcqa
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.point_cloud import PointCloudLM
@@ -34,6 +35,16 @@ LM_METHODS = ("sft", "rank", "rank_gauss", "full")
 METHODS = (*LM_METHODS, "regression")
 OUT_NAME = "final_sampled.json"
 
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_WORKDIR = flags.DEFINE_string("workdir", None, "the grid's workdir (scripts/pcqa_grid.py)",
+                               flag_values=FLAGS, required=True)
+_OUT = flags.DEFINE_string("out", None, "markdown table path", flag_values=FLAGS,
+                           required=True)
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 8, "sampled answers per cloud",
+                                    flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "sampling rng seed", flag_values=FLAGS)
+_FORCE = flags.DEFINE_bool("force", False, "redo runs that have an output", flag_values=FLAGS)
+
 
 def load_table_module():
   """scripts/pcqa_table.py (its `aggregate_runs` / `format_table`), imported by path."""
@@ -44,15 +55,11 @@ def load_table_module():
   return module
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--out", required=True, help="markdown table path")
-  parser.add_argument("--num_samples", type=int, default=8)
-  parser.add_argument("--seed", type=int, default=0, help="sampling rng seed")
-  parser.add_argument("--force", action="store_true", help="redo runs that have an output")
-  args = parser.parse_args()
-  workdir = Path(args.workdir)
+def main(argv: list[str]) -> None:
+  """Re-evaluates and writes the table (flags only: `argv` is the program name)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  workdir, num_samples, rng_seed = Path(_WORKDIR.value), _NUM_SAMPLES.value, _SEED.value
   config = json.loads(next(workdir.glob("seed_*/base/config.json")).read_text())
   datasets, source = config["datasets"].split(","), config["source"]
   grid, enc = config["encoder"]["grid"], config["encoder"]
@@ -68,10 +75,10 @@ def main():
   graphdef, template = nnx.split(model)[0], nnx.state(model, nnx.Param)
   temperature = config["grpo"]["temperature"]
   k = pcqa.build_kernels(graphdef, np.asarray(tokenizer.encode(pcqa.PROMPT), np.int32),
-                         num_samples=args.num_samples, max_new_tokens=config["completion_len"],
+                         num_samples=num_samples, max_new_tokens=config["completion_len"],
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                          temperature=temperature)
-  print(f"sampled-mean eval: K={args.num_samples}, temperature={temperature}, test "
+  print(f"sampled-mean eval: K={num_samples}, temperature={temperature}, test "
         f"{ {d: len(t.mos) for d, t in test.items()} }", flush=True)
 
   total = time.perf_counter()
@@ -82,17 +89,17 @@ def main():
     for method in LM_METHODS:
       run_dir = seed_dir / method
       if not (run_dir / "final.json").exists() or (
-          (run_dir / OUT_NAME).exists() and not args.force):
+          (run_dir / OUT_NAME).exists() and not _FORCE.value):
         continue
       tic = time.perf_counter()
       params = Checkpointer(run_setup.checkpoint_dir(run_dir)).restore_params(None, template)
       seed = int(seed_dir.name.split("_")[-1])
-      rng = jax.random.fold_in(jax.random.key(args.seed), seed)
+      rng = jax.random.fold_in(jax.random.key(rng_seed), seed)
       result = pcqa.evaluate_lm(k, params, tokenizer, test, source=source,
                                 batch_size=config["eval_batch"], mode="sampled_mean",
-                                num_samples=args.num_samples, rng=rng)
-      result.update({"eval/mode": "sampled_mean", "eval/num_samples": args.num_samples,
-                     "eval/temperature": temperature, "eval/rng_seed": args.seed,
+                                num_samples=num_samples, rng=rng)
+      result.update({"eval/mode": "sampled_mean", "eval/num_samples": num_samples,
+                     "eval/temperature": temperature, "eval/rng_seed": rng_seed,
                      "time/eval": time.perf_counter() - tic})
       (run_dir / OUT_NAME).write_text(json.dumps(result, indent=1) + "\n")
       print(f"{seed_dir.name} {method:10s} ID PLCC/SRCC {result[f'{source}/plcc']:.3f}/"
@@ -106,7 +113,7 @@ def main():
   tables = load_table_module()
   table = tables.aggregate_runs(workdir, METHODS, datasets, source=source, filename=OUT_NAME)
   text = tables.format_table(table, datasets, source=source)
-  Path(args.out).write_text(text + "\n")
+  Path(_OUT.value).write_text(text + "\n")
   print(text)
   for method, row in table.items():
     constant = [row.get(f"{d}/constant", [float("nan")])[0] for d in datasets]
@@ -116,4 +123,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  script_flags.run(main, FLAGS)

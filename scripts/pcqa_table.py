@@ -13,7 +13,6 @@ seeds; with a `capable=<n>` workdir its first row is the `capable` stage, the RL
 (OOD-average SRCC during training, and the GRPO rewards), and prints the table.
 """
 
-import argparse
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -25,8 +24,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
 
+from jaxrl_post import script_flags  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_WORKDIR = flags.DEFINE_string("workdir", None, "the grid's workdir (scripts/pcqa_grid.py)",
+                               flag_values=FLAGS, required=True)
+_OUT = flags.DEFINE_string("out", None, "path prefix of the outputs", flag_values=FLAGS,
+                           required=True)
 
 # "capable": the shared SFT stage the LM methods start from with `capable=<n>` (a row only when
 # the workdir has it; `aggregate_runs` skips names without a final.json).
@@ -115,17 +122,16 @@ def _curves(workdir: Path, method: str, key: str):
   return np.asarray(steps), np.asarray([np.mean(by_step[s]) for s in steps])
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--out", required=True, help="path prefix of the outputs")
-  args = parser.parse_args()
-  workdir = Path(args.workdir)
+def main(argv: list[str]) -> None:
+  """Writes the table and the plots (flags only: `argv` is the program name)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  workdir, out = Path(_WORKDIR.value), _OUT.value
   config = json.loads(next(workdir.glob("seed_*/base/config.json")).read_text())
   datasets, source = config["datasets"].split(","), config["source"]
   table = aggregate_runs(workdir, METHODS, datasets, source=source)
   text = format_table(table, datasets, source=source)
-  Path(f"{args.out}_table.md").write_text(text + "\n")
+  Path(f"{out}_table.md").write_text(text + "\n")
   print(text)
   for method, row in table.items():
     times = row.get("time/run", [float("nan")] * 2)
@@ -150,7 +156,7 @@ def main():
     ax.set_title(f"{metric.upper()} (mean ± std over {table[methods[0]]['num_seeds']} seeds)")
   axes[0].legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(f"{args.out}_bars.png", dpi=110)
+  fig.savefig(f"{out}_bars.png", dpi=110)
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
   for method in methods:
@@ -166,8 +172,8 @@ def main():
   for ax in axes:
     ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(f"{args.out}_curves.png", dpi=110)
+  fig.savefig(f"{out}_curves.png", dpi=110)
 
 
 if __name__ == "__main__":
-  main()
+  script_flags.run(main, FLAGS)

@@ -13,14 +13,21 @@ table of the final evaluation (mean ± std over seeds, and every seed), and writ
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
+from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxrl_post import script_flags  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_PLOTS = flags.DEFINE_string("plots", None, "directory of the plots (none without it)",
+                             flag_values=FLAGS)
+_PREFIX = flags.DEFINE_string("prefix", "perception", "file-name prefix of the plots",
+                              flag_values=FLAGS)
 
 RUNS = (("sft", "SFT (400 steps)"), ("sft_more", "SFT + 60 more steps (control)"),
         ("rl", "SFT → RL 60 steps (existence detached)"),
@@ -63,13 +70,12 @@ def runtime(root, run, seeds):
   return f"{np.mean(secs):.0f}" if secs else "–"
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("root", type=Path)
-  parser.add_argument("--plots", type=Path, default=None)
-  parser.add_argument("--prefix", default="perception", help="file-name prefix of the plots")
-  args = parser.parse_args()
-  seeds, table = collect(args.root)
+def main(argv: list[str]) -> None:
+  """`argv`: the program name and the root."""
+  if len(argv) != 2:
+    raise app.UsageError(f"expected one root, got {argv[1:]}")
+  root = Path(argv[1])
+  seeds, table = collect(root)
   print(f"seeds: {seeds}\n")
   print("| run | " + " | ".join(c[1] for c in COLUMNS) + " | s/run |")
   print("|---|" + "---|" * (len(COLUMNS) + 1))
@@ -77,7 +83,7 @@ def main():
     rows = table[run]
     cells = [fmt([rows[s].get(k) for s in rows]) for k, _ in COLUMNS]
     print(f"| {label} (n={len(rows)}) | " + " | ".join(cells)
-          + f" | {runtime(args.root, run, seeds)} |")
+          + f" | {runtime(root, run, seeds)} |")
   print("\nDense F1@0.5 by ground-truth count (raw / after NMS):\n")
   print("| run | " + " | ".join(BUCKETS) + " |")
   print("|---|" + "---|" * len(BUCKETS))
@@ -90,8 +96,8 @@ def main():
   for run, label in RUNS:
     print(f"  {run}: " + ", ".join(
       f"s{s} {r['eval/dense/f1@0.5']:.3f}/{r['eval/ref/mcc']:.3f}" for s, r in table[run].items()))
-  if args.plots:
-    plot(args.root, seeds, table, args.plots, args.prefix)
+  if _PLOTS.value:
+    plot(root, seeds, table, Path(_PLOTS.value), _PREFIX.value)
 
 
 def plot(root, seeds, table, out: Path, prefix: str = "perception"):
@@ -160,4 +166,4 @@ def plot(root, seeds, table, out: Path, prefix: str = "perception"):
 
 
 if __name__ == "__main__":
-  main()
+  script_flags.run(main, FLAGS)

@@ -5,6 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+from absl import app
+
+from jaxrl_post import script_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +65,20 @@ def test_table_reads_references_and_computes_recovery_and_gap(tmp_path):
   SCRIPT.plots(data, tmp_path)
   assert (tmp_path / "opd_domains.png").stat().st_size > 0
   assert (tmp_path / "opd_shares.png").stat().st_size > 0
+
+
+def test_command_line_writes_the_table_and_the_plots(tmp_path, capsys):
+  # `opd_table.py ROOT --out=FILE --plots=DIR` (absl flags; the root positional).
+  _write(tmp_path / "route", [{"step": 0, **_accuracies("route", (0.9, 0.6, 0.9)),
+                               **_accuracies("eval", (0.6, 0.3, 0.6))}])
+  _write(tmp_path / "naive" / "seed0",
+         [{"step": 1, "domain/arith/token_share": 0.5, "domain/arith/budget_share": 0.4},
+          {"step": 2, **_accuracies("eval", (0.6, 0.6, 0.6))}], 60)
+  out, plot_dir = tmp_path / "table.md", tmp_path / "plots"
+  SCRIPT.main(script_flags.parse(SCRIPT.FLAGS, ["opd_table.py", str(tmp_path), f"--out={out}",
+                                                f"--plots={plot_dir}"]))
+  assert "| naive M-OPD" in out.read_text() and out.read_text() in capsys.readouterr().out
+  assert (plot_dir / "opd_domains.png").exists() and (plot_dir / "opd_shares.png").exists()
+  argv = script_flags.parse(SCRIPT.FLAGS, ["opd_table.py", f"--out={out}"])
+  with pytest.raises(app.UsageError, match="expected one root"):
+    SCRIPT.main(argv)

@@ -2,8 +2,12 @@
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
+
+import pytest
+from absl import app, flags
+
+from jaxrl_post import script_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS = ("syn_a", "syn_b", "syn_c")
@@ -38,16 +42,28 @@ def _workdir(tmp_path: Path, *, capable: bool) -> Path:
   return tmp_path
 
 
-def _main(monkeypatch, workdir: Path, out: Path) -> list[str]:
-  monkeypatch.setattr(sys, "argv", ["pcqa_table.py", f"--workdir={workdir}", f"--out={out}"])
-  _load().main()
+def _main(workdir: Path, out: Path) -> list[str]:
+  # The command line `pcqa_table.py --workdir=W --out=PREFIX` (absl flags).
+  script = _load()
+  script.main(script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--workdir={workdir}",
+                                                f"--out={out}"]))
   return Path(f"{out}_table.md").read_text().splitlines()
 
 
-def test_capable_stage_is_the_first_row_when_present(tmp_path, monkeypatch):
-  rows = _main(monkeypatch, _workdir(tmp_path / "cap", capable=True), tmp_path / "cap_out")
+def test_capable_stage_is_the_first_row_when_present(tmp_path):
+  rows = _main(_workdir(tmp_path / "cap", capable=True), tmp_path / "cap_out")
   assert [r.split("|")[1].strip() for r in rows[2:]] == ["capable", "sft", "rank"]
   assert rows[2].startswith("| capable | 1 | 0.500±0.000 / 0.500±0.000")
   assert Path(f"{tmp_path / 'cap_out'}_curves.png").exists()
-  rows = _main(monkeypatch, _workdir(tmp_path / "plain", capable=False), tmp_path / "plain_out")
+  rows = _main(_workdir(tmp_path / "plain", capable=False), tmp_path / "plain_out")
   assert [r.split("|")[1].strip() for r in rows[2:]] == ["sft", "rank"]
+
+
+def test_flags_are_required_and_positionals_refused(tmp_path):
+  script = _load()
+  with pytest.raises(flags.IllegalFlagValueError, match="--workdir"):
+    script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--out={tmp_path / 'x'}"])
+  argv = script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--workdir={tmp_path}",
+                                           f"--out={tmp_path / 'x'}", "stray"])
+  with pytest.raises(app.UsageError, match="stray"):
+    script.main(argv)
