@@ -4,7 +4,7 @@ r"""The jitted GRPO update step on 1/2/4/8-way data and FSDP meshes of a fake 8-
   python scripts/bench_scaling.py --model=tiny --rows=64 --repeats=5
 
 The step is `make_train_step` with the GRPO policy loss that
-`experiments/grpo.py` builds (`rl.make_policy_loss`, `grpo_base()` loss
+`experiments/grpo.py` builds (`training.objectives.make_policy_loss`, `grpo_base()` loss
 settings), on a random rollout batch. Each layout gets its own mesh over the
 first n devices (`mesh_config(ici=dict(data=n))` or `dict(fsdp=n)` with the
 training rules), a train state born sharded on it, and the batch placed with
@@ -44,7 +44,9 @@ from flax import nnx  # noqa: E402
 from jaxrl_post.benchmarking import median_seconds  # noqa: E402
 from jaxrl_post.models import CausalLM, get_model_config  # noqa: E402
 from jaxrl_post.parallel.mesh import get_rules, make_mesh, mesh_config, put_batch  # noqa: E402
-from jaxrl_post.training import base_configs, rl  # noqa: E402
+from jaxrl_post.training import base_configs  # noqa: E402
+from jaxrl_post.training.objectives import make_policy_loss  # noqa: E402
+from jaxrl_post.training.ppo import with_normalizers  # noqa: E402
 from jaxrl_post.training.train_state import create_train_state, make_train_step  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "small", "Model preset.")
@@ -70,7 +72,7 @@ def _batch(vocab_size: int, seed: int = 0) -> dict:
     # Old log-probs near the policy's (≈ -log V for a fresh model), so the
     # PPO ratios are near 1 and some are clipped, as in a real update.
     old_logp=(-np.log(vocab_size) + 0.1 * rng.normal(size=(rows, c))).astype(np.float32))
-  return rl.with_normalizers(batch)
+  return with_normalizers(batch)
 
 
 def _layouts() -> list[tuple[str, dict[str, int]]]:
@@ -109,7 +111,7 @@ def main(argv):
                      f"{_MAX_DEVICES.value}, so that every mesh splits the rows")
   model_config = get_model_config(_MODEL.value)
   loss_config = base_configs.grpo_base().loss
-  loss_fn = rl.make_policy_loss(policy_loss=loss_config.name,
+  loss_fn = make_policy_loss(policy_loss=loss_config.name,
                                 **{k: v for k, v in loss_config.items() if k != "name"})
   optimizer = optax.adamw(1e-5)
   batch = _batch(model_config.vocab_size)

@@ -304,7 +304,7 @@ def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> 
     rollout: a `Rollout`.
     trainer_logp: `[batch, time']` log-probs of the same tokens recomputed by
       the trainer (`Sampler.score`), `time' <= time` when the trainer scored
-      completions cut to their longest one (`rl.trim_completions`). Adds
+      completions cut to their longest one (`training.ppo.trim_completions`). Adds
       `logp_abs_diff_{mean,max}` and
       `logp_mismatch_kl` = mean over tokens of exp(δ) − 1 − δ with
       δ = trainer − sampler (the k3 estimator of KL(sampler ‖ trainer)); all 0
