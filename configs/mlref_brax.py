@@ -52,25 +52,16 @@ ops per step, expected negligible); `scripts/bench_brax.py` re-measures compile 
 steps/s with this config's PPO settings.
 """
 
-import importlib.util
 from pathlib import Path
 
-from jaxrl_post.config_args import parse_arg
+from jaxrl_post.config_args import load_module, parse_arg
 
 # Not an LLM-training config (no task / tokenizer / model): tests that check those should skip it.
 CONFIG_KIND = "rl_control"
 ENVS = ("hopper", "halfcheetah", "ant", "reacher", "pusher")
 
 
-def _gymnax_config():
-  spec = importlib.util.spec_from_file_location(
-      "_mlref_gymnax", Path(__file__).resolve().with_name("mlref_gymnax.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-_BASE = _gymnax_config()
+_BASE = load_module(Path(__file__).resolve().with_name("mlref_gymnax.py"), "_mlref_gymnax")
 
 
 def get_config(arg=None):

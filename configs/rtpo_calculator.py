@@ -33,22 +33,12 @@ Variants (after the colon): `method=sft|flat_grpo|turn_grpo|rtpo`, `horizon=K`, 
 0: none), `runlocal` (a few steps, for tests). Any field: `--config.continuation=off_policy`.
 """
 
-import importlib.util
 from pathlib import Path
 
-from jaxrl_post.config_args import parse_arg
+from jaxrl_post.config_args import load_module, parse_arg
 
-
-def load_common():
-  """configs/rtpo_common.py, the base config every rtpo_<env>.py adjusts."""
-  path = Path(__file__).resolve().with_name("rtpo_common.py")
-  spec = importlib.util.spec_from_file_location("rtpo_common", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-rtpo_common = load_common()
+# configs/rtpo_common.py: the base config every rtpo_<env>.py adjusts.
+rtpo_common = load_module(Path(__file__).resolve().with_name("rtpo_common.py"))
 HORIZONS, SEEDS = rtpo_common.HORIZONS, rtpo_common.SEEDS
 
 

@@ -8,6 +8,10 @@ and an unknown key is an error naming the valid keys.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from pathlib import Path
+
 import ml_collections
 
 
@@ -36,3 +40,21 @@ def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
       raise ValueError(f"unknown config arg {key!r}; valid: {', '.join(sorted(spec))}")
     values[key] = _convert(key, text.strip(), spec[key])
   return ml_collections.ConfigDict(values)
+
+
+def load_module(path: str | os.PathLike, name: str | None = None):
+  """Imports a Python file by path (a config or script, which are not packages).
+
+  How configs build on a sibling (`load_module(Path(__file__).with_name("rtpo_common.py"))`)
+  and scripts read a config's `get_config` / `sweep` — the way `config_flags` loads them.
+
+  Raises:
+    FileNotFoundError: naming the path.
+  """
+  path = Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} not found")
+  spec = importlib.util.spec_from_file_location(name or path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -19,7 +19,6 @@ runs the same PPO sizes and switches, so the ratio is the cost of the brax physi
 a near-free env, and comparable across machines and loads.
 """
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from jaxrl_post.benchmarking import median_seconds
+from jaxrl_post.config_args import load_module
 from jaxrl_post.rl_control import envs, ppo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,10 +43,7 @@ _FAST_COMPILE = flags.DEFINE_bool("fast_compile", False, "XLA -O0 (ppo.FAST_COMP
 
 
 def _brax_config(env: str):
-  spec = importlib.util.spec_from_file_location("_mlref_brax", ROOT / "configs/mlref_brax.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(f"env={env}")
+  return load_module(ROOT / "configs/mlref_brax.py", "_mlref_brax").get_config(f"env={env}")
 
 
 def _ppo_config(env: str) -> ppo.PPOConfig:

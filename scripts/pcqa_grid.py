@@ -23,7 +23,6 @@ to `<workdir>/summary.json` and stdout.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,12 +45,7 @@ _DRY_RUN = flags.DEFINE_bool("dry-run", False, "print the commands only", flag_v
 
 
 def _load(path: Path, name: str):
-  spec = importlib.util.spec_from_file_location(name, path)
-  if spec is None:
-    raise FileNotFoundError(f"{path} not found")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(path, name)
 
 
 def grid_runs(config: str, workdir: str, *, python: str = sys.executable,

@@ -12,7 +12,6 @@ Then the table (scripts/pcqa_table.py's `aggregate_runs` / `format_table`) goes 
 stdout.
 """
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from absl import app, flags
 from flax import nnx
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import pcqa
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.point_cloud import PointCloudLM
@@ -48,11 +48,7 @@ _FORCE = flags.DEFINE_bool("force", False, "redo runs that have an output", flag
 
 def load_table_module():
   """scripts/pcqa_table.py (its `aggregate_runs` / `format_table`), imported by path."""
-  spec = importlib.util.spec_from_file_location(
-    "pcqa_table", Path(__file__).resolve().parent / "pcqa_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(Path(__file__).resolve().parent / "pcqa_table.py")
 
 
 def main(argv: list[str]) -> None:

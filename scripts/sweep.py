@@ -29,7 +29,6 @@ with `--launcher="bash scripts/launch_slurm.sh --per=gpu --"` to make it multi-p
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,12 +61,7 @@ _SBATCH = flags.DEFINE_string("sbatch", "", "extra #SBATCH options, e.g. '--time
 
 def load_config_module(path: str):
   """Imports a config file by path (the same way `config_flags` does)."""
-  spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-  if spec is None:
-    raise FileNotFoundError(f"config file {path!r} not found")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(path)
 
 
 def expand(module, arg: str | None) -> list[dict]:
