@@ -103,6 +103,8 @@ def sft_base() -> ml_collections.ConfigDict:
   config.eval_max_new_tokens = 72
   config.eval_pass_k = 0
   config.checkpoint_every = 200
+  # SFT usually starts from scratch: nothing to see at step 0.
+  config.eval_at_start = False
   return config
 
 
