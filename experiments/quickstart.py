@@ -30,7 +30,10 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/jaxrl_post_quickstart", "Where b
 # mid-climb (0.43 / 0.66 / 0.78): there 25-30 % of greedy answers flipped in 40 GRPO steps, both
 # ways, and greedy accuracy did not move (docs/results.md). 32 prompts × 8 samples per GRPO
 # step halve the gradient noise of the config's 16.
-_SFT_STEPS = flags.DEFINE_integer("sft_steps", 300, "SFT steps (batch 32).")
+_SFT_STEPS = flags.DEFINE_integer("sft_steps", 300, "SFT steps (batch 32); the most with "
+                                   "--sft_stop_at_accuracy.")
+_SFT_STOP = flags.DEFINE_float("sft_stop_at_accuracy", 0.0, "> 0: stop SFT at the first "
+                               "evaluation (every 20 steps) with this held-out greedy accuracy.")
 _GRPO_STEPS = flags.DEFINE_integer("grpo_steps", 40, "GRPO steps.")
 _GRPO_PROMPTS = flags.DEFINE_integer("grpo_prompts_per_step", 32, "Prompts per GRPO step.")
 # 128 held-out prompts cannot resolve a greedy change: between two evaluations 15-20 % of the
@@ -57,8 +60,10 @@ def main(argv):
   tic = time.time()
 
   # ---- Stage 1: SFT on demonstrations (the warm start RL needs) ----
+  sft_every = 20 if _SFT_STOP.value else max(_SFT_STEPS.value // 5, 1)
   sft_steps = [] if _RUNLOCAL.value else [f"--config.steps={_SFT_STEPS.value}",
-                                          f"--config.eval_every={max(_SFT_STEPS.value // 5, 1)}"]
+                                          f"--config.eval_every={sft_every}",
+                                          f"--config.stop_at_accuracy={_SFT_STOP.value}"]
   _run(["experiments/sft.py", f"--config=configs/sft_arith.py{variant}",
         f"--workdir={sft_dir}", f"--config.seed={_SEED.value}", *sft_steps])
   sft_minutes = (time.time() - tic) / 60

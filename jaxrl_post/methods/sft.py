@@ -28,6 +28,8 @@ class SFT:
 
   def __init__(self, config):
     self.config = config
+    # The latest held-out greedy accuracy, for `config.stop_at_accuracy`.
+    self.last_accuracy = float("nan")
 
   def build_model(self, run: loop.Run):
     self.task, self.tokenizer, _, self.model = run_setup.build_run(
@@ -49,11 +51,12 @@ class SFT:
                                    pass_k=config.eval_pass_k)
 
   def state_dict(self) -> dict[str, Any]:
-    return {"data": self.data_iter.get_state()}
+    return {"data": self.data_iter.get_state(), "last_accuracy": self.last_accuracy}
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     if "data" in state:
       self.data_iter.set_state(state["data"])
+    self.last_accuracy = float(state.get("last_accuracy", float("nan")))
 
   def step(self, state, step: int):
     config, run = self.config, self.run
@@ -66,7 +69,21 @@ class SFT:
     return state, {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
 
   def evaluate(self, state, step: int) -> dict[str, float]:
-    return self.evaluator(state.params, step)
+    record = self.evaluator(state.params, step)
+    self.last_accuracy = float(record["eval/accuracy"])
+    return record
+
+  def done(self, step: int) -> bool:
+    """With `config.stop_at_accuracy` > 0: stop once an evaluation reached that greedy accuracy.
+
+    An RL stage after SFT needs headroom *and* a policy past SFT's steepest climb; a fixed step
+    count lands at a seed-dependent accuracy (docs/results.md, the quickstart), a target
+    accuracy does not. The check reads the latest evaluation, so the run stops at the step
+    after the one that reached it (and evaluates and checkpoints there).
+    """
+    del step
+    target = self.config.get("stop_at_accuracy", 0.0)
+    return bool(target) and self.last_accuracy >= target
 
   def progress(self, record):
     return {"nll": record["train/nll"]}

@@ -105,6 +105,8 @@ def sft_base() -> ml_collections.ConfigDict:
   config.checkpoint_every = 200
   # SFT usually starts from scratch: nothing to see at step 0.
   config.eval_at_start = False
+  # > 0: stop early once a held-out evaluation reaches this greedy accuracy (methods/sft.py).
+  config.stop_at_accuracy = 0.0
   return config
 
 
