@@ -18,6 +18,7 @@ _RUNTIME = [
     "safetensors",
     "tokenizers",
     "tqdm",
+    "filelock",  # the bounded persistent compilation cache (training.setup)
     "tensorboardX",
     "matplotlib",
     "jinja2",  # chat templates

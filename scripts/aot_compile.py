@@ -88,6 +88,9 @@ _ATTENTION = flags.DEFINE_string(
   "attention_impl", "", "Attention kernel (default: the preset's, 'auto').")
 _CHUNK = flags.DEFINE_integer(
   "logit_chunk_size", -1, "Completion positions per logit chunk (-1: the preset's; 0: one chunk).")
+_CACHE = flags.DEFINE_string(
+  "compilation_cache_dir", "", "Persistent compilation cache, as the binaries use it "
+  "(`config.compilation_cache_dir`); run twice to time a warm start. '' (default): none.")
 
 
 def _sizes(text: str) -> dict[str, int]:
@@ -265,6 +268,7 @@ def _peak_rss_bytes() -> int:
 
 def main(argv):
   del argv
+  run_setup.enable_compilation_cache(_CACHE.value)
   devices = _devices()
   overrides = {}
   if _NUM_LAYERS.value:

@@ -70,6 +70,9 @@ def loop_config(seed: int = 0) -> ml_collections.ConfigDict:
   config.init_from = ""
   config.max_nonfinite_streak = 5
   config.eval_at_start = True
+  # Compiled programs persist here across runs and restarts ('' = JAX's own setting);
+  # `training.setup.enable_compilation_cache`.
+  config.compilation_cache_dir = "~/.cache/jaxrl_post/jax_compilation_cache"
   # Devices and sharding rules, one override each (`--config.mesh.ici_tensor=2`,
   # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
   config.mesh = mesh_config()

@@ -267,6 +267,8 @@ def main(make_method: Callable[[Any], Method]) -> None:
 
   def run(argv):
     del argv
+    # Before anything compiles; a binary's choice (a process-wide setting), not `train`'s.
+    run_setup.enable_compilation_cache(config.value.get("compilation_cache_dir", ""))
     train(config.value, workdir.value, make_method(config.value))
 
   app.run(run)

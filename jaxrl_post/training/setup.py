@@ -29,6 +29,38 @@ from jaxrl_post.training.train_state import TrainState
 log = logging.getLogger(__name__)
 
 
+# Bounded so a machine that runs many sweeps does not fill its disk; the least recently used
+# programs go first.
+COMPILATION_CACHE_MAX_BYTES = 8 << 30
+
+
+def enable_compilation_cache(path: str, max_bytes: int = COMPILATION_CACHE_MAX_BYTES) -> None:
+  """Keeps compiled XLA programs in `path` across processes (JAX's persistent cache).
+
+  A restarted, resumed or repeated run with the same shapes, model and mesh loads its
+  programs from the cache instead of compiling them again (docs/benchmarks.md has the
+  timings). The cache key covers the program, the compile options, the devices and the
+  jax / jaxlib versions, so one directory can serve every run on a machine. Only programs
+  whose compilation took ≥ `jax_persistent_cache_min_compile_time_secs` (1 s by default)
+  are written.
+
+  Args:
+    path: the cache directory (`~` is expanded; created if missing). "" leaves JAX's own
+      setting alone (e.g. `JAX_COMPILATION_CACHE_DIR`, or no cache).
+    max_bytes: the cache's size bound; older entries are evicted past it.
+  """
+  if not path:
+    return
+  path = Path(path).expanduser()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"config.compilation_cache_dir={str(path)!r} cannot be created: {e}; "
+                     "set another directory, or '' to run without the cache") from e
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
+
+
 def build_task(config):
   try:
     return get_task(config.task, **dict(config.get("task_knobs", {})))
