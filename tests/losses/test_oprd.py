@@ -51,19 +51,28 @@ def _batch(seed=0, b=4, t=5, v=V, k=K):
               teacher_ref=teacher_ref)
 
 
+_KEYS = ("ids", "d", "slot_mask", "mask", "tokens", "old_logp", "adv")
+
+
 def _ppo_loss(z, r, lam_pos, lam_neg, transform=True):
-  r = {k: r[k] for k in ("ids", "d", "slot_mask", "mask", "tokens", "old_logp", "adv")}
-  return _jit_loss(z, r, lam_pos, lam_neg, transform=transform)
+  return _jit_loss(z, {k: r[k] for k in _KEYS}, lam_pos, lam_neg, transform=transform)
 
 
-@functools.partial(jax.jit, static_argnames="transform")
-def _jit_loss(z, r, lam_pos, lam_neg, transform=True):
+def _ppo_grad(z, r, lam_pos, lam_neg, transform=True):
+  return _jit_grad(z, {k: r[k] for k in _KEYS}, lam_pos, lam_neg, transform=transform)
+
+
+def _loss_impl(z, r, lam_pos, lam_neg, transform=True):
   if transform:
     z = oprd_transform(z, r["ids"], r["d"], r["slot_mask"], lam_pos, lam_neg, r["mask"])
   logp = score_logits(z, r["tokens"], r["mask"]).logp
   loss, _ = policy_loss(logp, r["old_logp"], r["adv"], r["mask"], epsilon_low=0.2,
                         epsilon_high=0.28)
   return loss
+
+
+_jit_loss = jax.jit(_loss_impl, static_argnames="transform")
+_jit_grad = jax.jit(jax.grad(_loss_impl), static_argnames="transform")
 
 
 def _np_corrected(c, ids, d, slot_mask, mask, lam_pos, lam_neg):
@@ -94,9 +103,9 @@ def test_hand_example_both_branches():
   d = oprd_direction(jnp.array([0.0, -2.0, 5.0]), jnp.array([-1.0, -1.0, -9.0]), ok)
   np.testing.assert_allclose(d, [2 ** -0.5, -(2 ** -0.5), 0.0], rtol=1e-6)
 
-  def grad(adv):
-    loss = lambda z: -adv * jax.nn.log_softmax(oprd_transform(z, ids, d, ok, 0.5, 0.2))[0]
-    return jax.jit(jax.grad(loss))(jnp.zeros(4))
+  grad = jax.jit(jax.grad(
+      lambda z, adv: -adv * jax.nn.log_softmax(oprd_transform(z, ids, d, ok, 0.5, 0.2))[0]))
+  grad = functools.partial(grad, jnp.zeros(4))
 
   np.testing.assert_allclose(grad(1.0), [-1.0, 0.5, 0.25, 0.25], atol=1e-6)
   np.testing.assert_allclose(grad(-1.0), [0.85, -0.35, -0.25, -0.25], atol=1e-6)
@@ -109,11 +118,10 @@ def test_gradient_matches_explicit_matrix(lams):
   fwd = jax.jit(lambda z: oprd_transform(z, r["ids"], r["d"], r["slot_mask"], *lams,
                                          r["mask"]))
   np.testing.assert_array_equal(fwd(z), z)  # the forward value is untouched
-  np.testing.assert_array_equal(
-      jax.jit(lambda z: _ppo_loss(z, r, *lams))(z),
-      jax.jit(lambda z: _ppo_loss(z, r, *lams, transform=False))(z))
-  c = jax.jit(jax.grad(lambda z: _ppo_loss(z, r, *lams, transform=False)))(z)
-  c_tilde = jax.jit(jax.grad(lambda z: _ppo_loss(z, r, *lams)))(z)
+  np.testing.assert_array_equal(_ppo_loss(z, r, *lams),
+                                _ppo_loss(z, r, *lams, transform=False))
+  c = _ppo_grad(z, r, *lams, transform=False)
+  c_tilde = _ppo_grad(z, r, *lams)
   expected = _np_corrected(c, r["ids"], r["d"], r["slot_mask"], r["mask"], *lams)
   np.testing.assert_allclose(c_tilde, expected, rtol=1e-5, atol=1e-8)
   # Both branches fire somewhere in this batch, and the correction is not a no-op.
@@ -128,14 +136,14 @@ def test_properties_same_zeros_and_ascent():
   r = _batch(seed=2)
   z = jnp.asarray(r["z"])
   lam_pos, lam_neg = 0.5, 0.3
-  g = -np.asarray(jax.grad(lambda z: _ppo_loss(z, r, 0, 0, transform=False))(z), np.float64)
-  g_t = -np.asarray(jax.grad(lambda z: _ppo_loss(z, r, lam_pos, lam_neg))(z), np.float64)
+  g = -np.asarray(_ppo_grad(z, r, 0.0, 0.0, transform=False), np.float64)
+  g_t = -np.asarray(_ppo_grad(z, r, lam_pos, lam_neg), np.float64)
   u = np.sum(np.take_along_axis(g, r["ids"], -1) * r["d"], -1)
   lam = np.where(u >= 0, lam_pos, lam_neg) * r["mask"]
   np.testing.assert_allclose(np.sum(g * g_t, -1), np.sum(g * g, -1) + lam * u ** 2,
                              rtol=1e-5, atol=1e-12)
   zero_adv = dict(r, adv=np.zeros_like(r["adv"]))
-  g0 = jax.grad(lambda z: _ppo_loss(z, zero_adv, lam_pos, lam_neg))(z)
+  g0 = _ppo_grad(z, zero_adv, lam_pos, lam_neg)
   np.testing.assert_array_equal(g0, 0.0)
 
 
@@ -143,15 +151,13 @@ def test_masked_positions_and_slots_untouched():
   r = _batch(seed=3)
   z = jnp.asarray(r["z"])
   cot = jnp.asarray(np.random.default_rng(0).normal(size=r["z"].shape), jnp.float32)
-  _, vjp = jax.vjp(lambda z: oprd_transform(z, r["ids"], r["d"], r["slot_mask"], 0.5, 0.5,
-                                            r["mask"]), z)
-  (out,) = vjp(cot)
+  vjp = jax.jit(lambda z, ids, cot: jax.vjp(
+      lambda z: oprd_transform(z, ids, r["d"], r["slot_mask"], 0.5, 0.5, r["mask"]), z)[1](cot)[0])
+  out = vjp(z, r["ids"], cot)
   np.testing.assert_array_equal(np.asarray(out)[~r["mask"]], np.asarray(cot)[~r["mask"]])
   # Ids outside the valid support (including garbage ids in masked slots) keep their cotangent.
   ids = np.where(r["slot_mask"], r["ids"], -5)
-  _, vjp2 = jax.vjp(lambda z: oprd_transform(z, ids, r["d"], r["slot_mask"], 0.5, 0.5,
-                                             r["mask"]), z)
-  np.testing.assert_array_equal(vjp2(cot)[0], out)
+  np.testing.assert_array_equal(vjp(z, ids, cot), out)
   touched = np.zeros(r["z"].shape, bool)
   for idx in zip(*np.nonzero(r["slot_mask"])):
     touched[idx[:-1] + (r["ids"][idx],)] = True
