@@ -71,7 +71,9 @@ class KVCache:
       padding and unwritten slots are False).
     index: `int32[]`, the next slot to write. All rows write the same slot;
       per-row positions come from the caller, which is what makes left-padded
-      batches work.
+      batches work. Or `int32[batch]`, each row's own next slot: rows then
+      advance independently (continuous batching refills a finished row's
+      slots with a new prompt while the others keep decoding).
     prefix_k, prefix_v, prefix_mask: optional prompt slots shared by groups of
       rows (n samples per prompt): per layer `[groups, kv_heads, head_dim,
       prefix_len]` and `[groups, kv_heads, prefix_len, head_dim]` (stacked
@@ -130,8 +132,42 @@ class KVCache:
       k=jax.tree.map(k, self.k), v=jax.tree.map(v, self.v),
       prefix_k=jax.tree.map(k, self.prefix_k), prefix_v=jax.tree.map(v, self.prefix_v),
       mask=named((axes.BATCH, axes.CACHE_LENGTH))(self.mask),
-      index=named(())(self.index),
+      index=named((axes.BATCH,) if len(jnp.shape(self.index)) else ())(self.index),
       prefix_mask=jax.tree.map(named((axes.BATCH, axes.CACHE_LENGTH)), self.prefix_mask))
+
+
+def update_slots(buffer: jax.Array, update: jax.Array, index: jax.Array, *, slot_axis: int,
+                 row_axis: int = 0, start: tuple | None = None) -> jax.Array:
+  """`buffer` with `update` written from slot `index` on along `slot_axis`.
+
+  `index` is `int32[]` (every row writes the same slots: one
+  `dynamic_update_slice`) or `int32[batch]` (row r writes from `index[r]`:
+  the rows of `buffer` and `update` lie on `row_axis`, and the update is a
+  scatter, still in place). `start`: the other axes' offsets (default 0).
+  Out-of-range slots are clamped, as `dynamic_update_slice` does.
+  """
+  start = [0] * buffer.ndim if start is None else list(start)
+  if jnp.ndim(index) == 0:
+    start[slot_axis] = index
+    return jax.lax.dynamic_update_slice(buffer, update, start)
+  del start[row_axis]
+  slot = slot_axis - (slot_axis > row_axis)
+
+  def one_row(buffer, update, i):
+    return jax.lax.dynamic_update_slice(buffer, update, start[:slot] + [i] + start[slot + 1:])
+
+  return jax.vmap(one_row, in_axes=(row_axis, row_axis, 0), out_axes=row_axis)(
+    buffer, update, index)
+
+
+def slice_slots(buffer: jax.Array, index: jax.Array, size: int, *, slot_axis: int,
+                row_axis: int = 0) -> jax.Array:
+  """The `size` slots from `index` on along `slot_axis`; `index` as in `update_slots`."""
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_slice_in_dim(buffer, index, size, axis=slot_axis)
+  slot = slot_axis - (slot_axis > row_axis)
+  return jax.vmap(lambda b, i: jax.lax.dynamic_slice_in_dim(b, i, size, axis=slot),
+                  in_axes=(row_axis, 0), out_axes=row_axis)(buffer, index)
 
 
 class RMSNorm(nnx.Module):
@@ -452,9 +488,10 @@ class Attention(nnx.Module):
                use_rope=None):
     """Args: x `[b, t, d]`; sin/cos `[b, t, h/2]`; mask `bool[b, t, s]`;
     cache_kv: optional `(k, v)` cache buffers (`KVCache` layouts) written at
-    `cache_index`; the queries then attend over the whole buffer, with
-    `cached_attention` when decoding one token (whatever `attention_impl`
-    says: it is the fast path on CPU and bandwidth-bound on GPU);
+    `cache_index` (`int32[]`, or `int32[b]` per row); the queries then attend
+    over the whole buffer, with `cached_attention` when decoding one token
+    (whatever `attention_impl` says: it is the fast path on CPU and
+    bandwidth-bound on GPU);
     prefix: optional `(k, v, mask)` prompt slots shared by groups of rows
     (`KVCache.prefix_*`), attended first (`cascade_attention`, t = 1 only);
     use_rope: overrides the layer's own RoPE switch; a Python bool, or a
@@ -483,10 +520,10 @@ class Attention(nnx.Module):
       # Decoding or prefilling into the cache: keys go in as [b, kv, h, t] at
       # slot `cache_index`, values as [b, kv, t, h].
       cache_k, cache_v = cache_kv
-      k = jax.lax.dynamic_update_slice(
-        cache_k, k.transpose(0, 2, 3, 1).astype(cache_k.dtype), (0, 0, 0, cache_index))
-      v = jax.lax.dynamic_update_slice(
-        cache_v, v.transpose(0, 2, 1, 3).astype(cache_v.dtype), (0, 0, cache_index, 0))
+      k = update_slots(cache_k, k.transpose(0, 2, 3, 1).astype(cache_k.dtype), cache_index,
+                       slot_axis=3)
+      v = update_slots(cache_v, v.transpose(0, 2, 1, 3).astype(cache_v.dtype), cache_index,
+                       slot_axis=2)
       k, v = constrain(k, KVCache.K_AXES), constrain(v, KVCache.V_AXES)
       new_kv = (k, v)
       k, v = k.astype(x.dtype), v.astype(x.dtype)
@@ -813,10 +850,12 @@ class CausalLM(nnx.Module):
         kwargs.update(prefix=(xs["prefix_k"], xs["prefix_v"], cache.prefix_mask))
       x, (k, v) = call(xs["params"], x, kwargs)
       # Only the t slots this call wrote go back into the stacked buffers.
-      k_new = jax.lax.dynamic_slice_in_dim(k, index, t, axis=3)
-      v_new = jax.lax.dynamic_slice_in_dim(v, index, t, axis=2)
-      cache_k = jax.lax.dynamic_update_slice(cache_k, k_new[None], (i, 0, 0, 0, index))
-      cache_v = jax.lax.dynamic_update_slice(cache_v, v_new[None], (i, 0, 0, index, 0))
+      k_new = slice_slots(k, index, t, slot_axis=3)
+      v_new = slice_slots(v, index, t, slot_axis=2)
+      cache_k = update_slots(cache_k, k_new[None], index, slot_axis=4, row_axis=1,
+                             start=(i, 0, 0, 0, 0))
+      cache_v = update_slots(cache_v, v_new[None], index, slot_axis=3, row_axis=1,
+                             start=(i, 0, 0, 0, 0))
       return (x, cache_k, cache_v), None
 
     (x, new_k, new_v), _ = jax.lax.scan(body, (x, cache.k, cache.v), xs)
@@ -838,8 +877,9 @@ class CausalLM(nnx.Module):
       positions: `int32[batch, time]` RoPE positions; by default counted from
         each row's first unmasked token (left padding). Required with `cache`.
       attention_mask: `bool[batch, time]`, False on padding; default all True.
-      cache: if given, the new keys/values are written at `cache.index` and the
-        queries attend to everything the cache holds.
+      cache: if given, the new keys/values are written at `cache.index` (one
+        slot for all rows, or each row's own, `KVCache.index`) and the
+        queries attend to everything the cache holds up to their own slot.
       return_hidden: also return the final normalised hidden states.
       return_logits: False skips the LM head and returns only the hidden
         states (`sampling.scoring` projects the positions it needs, in chunks).
@@ -881,10 +921,10 @@ class CausalLM(nnx.Module):
       mask = attention_mask[:, None, :] & causal[None]
       kv_mask = None
     else:
-      kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+      kv_mask = update_slots(cache.mask, attention_mask, cache.index, slot_axis=1)
       key_slots = jnp.arange(cache.max_len)
-      query_slots = cache.index + jnp.arange(t)
-      mask = kv_mask[:, None, :] & (key_slots[None, None, :] <= query_slots[None, :, None])
+      query_slots = jnp.reshape(cache.index, (-1, 1)) + jnp.arange(t)  # [1 or batch, t]
+      mask = kv_mask[:, None, :] & (key_slots[None, None, :] <= query_slots[:, :, None])
 
     run = self._scanned_layers if c.scan_layers else self._unrolled_layers
     x, new_k, new_v = run(x, sin=sin, cos=cos, mask=mask, cache=cache)

@@ -77,13 +77,17 @@ class TokenChoice(NamedTuple):
 
 
 def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature, top_k: int, top_p,
-                  greedy: bool, num_logprobs: int, row_ids: jax.Array | None = None) -> TokenChoice:
+                  greedy: bool, num_logprobs: int, row_ids: jax.Array | None = None,
+                  step_ids: jax.Array | None = None) -> TokenChoice:
   """Draws one token per row from `logits` `[batch, vocab]`.
 
   Row r draws with the key `fold_in(rng, row_ids[r])` (default `row_ids =
   arange(batch)`): a row's draw depends on its global row number only, not on
   which device holds it or how many rows share the call, so data-parallel
   decoding with one loop per shard gives the same samples as one global loop.
+  With `step_ids` `int32[batch]` (rows at different steps, continuous
+  batching) the key is `fold_in(fold_in(rng, step_ids[r]), row_ids[r])`,
+  the key `decode` gives row r at step `step_ids[r]` from the same `rng`.
   """
   scaled = logits.astype(jnp.float32) / temperature
   logp_all = jax.nn.log_softmax(scaled, axis=-1)
@@ -92,7 +96,11 @@ def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature, top_k: int,
   else:
     if row_ids is None:
       row_ids = jnp.arange(logits.shape[0], dtype=jnp.int32)
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, row_ids)
+    if step_ids is None:
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, row_ids)
+    else:
+      keys = jax.vmap(lambda step, row: jax.random.fold_in(jax.random.fold_in(rng, step), row))(
+        step_ids, row_ids)
     token = jax.vmap(jax.random.categorical)(keys, filter_logits(scaled, top_k=top_k, top_p=top_p))
   token = token.astype(jnp.int32)
   logp = jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
