@@ -3,6 +3,7 @@ r"""Sampler throughput: jaxrl_post vs Hugging Face `transformers.generate`, same
   python scripts/bench_sampler.py                 # CPU: `small`, batch 64, prompt 64, 128 new
   python scripts/bench_sampler.py --cpu_devices=0 # CPU, one XLA device with its thread pool
   python scripts/bench_sampler.py --skip_transformers --model=qwen3_0p6b   # on a GPU
+  python scripts/bench_sampler.py --workload=long_tail   # continuous vs static batching
 
 One JSON line per measurement:
   {"what": "sampler", "engine": "jaxrl_post" | "transformers", "case": "n1" | "n8", ...,
@@ -23,9 +24,23 @@ its own in each round (ours after an untimed prefill; transformers from a
 logits-processor clock inside one `generate`). On a GPU the script adds the decode rate
 as a fraction of the HBM-bandwidth roofline, with the bandwidth measured by a
 device copy in the same run.
+
+`--workload=long_tail` compares `Sampler.generate_continuous` with static
+batches of `Sampler.generate` at the same cache memory (`--long_tail_slots`
+rows × (prompt + cap) slots for both), on `--long_tail_rows` distinct
+prompts, one sample each, one XLA device (no mesh: continuous batching has
+no sharded path), alternating rounds as above:
+  {"what": "sampler_long_tail", "engine": "static" | "continuous", "tokens", "total_s",
+   "tokens_per_s", "mean_length", "max_length", "steps", ...}
+  {"what": "sampler_long_tail_ratio", "speedup": continuous / static tokens per s, ...}
+Lengths are long-tailed by construction (`StopHazardLM`): after each token,
+EOS comes with probability 1/`--mean_length`, so lengths are geometric with
+that mean, capped at `--long_tail_cap` new tokens. "Useful" tokens are the
+generated ones up to each row's end (EOS included), the rollout's lengths.
 """
 
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -41,7 +56,6 @@ from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.parallel import host
 from jaxrl_post.parallel.mesh import REPLICATED_RULES
 from jaxrl_post.sampling import Sampler
-from jaxrl_post.sampling.sampler import end_id_array, jitted_decode, jitted_prefill
 
 _MODEL = flags.DEFINE_string("model", "small", "Model preset.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Rows generated together.")
@@ -52,6 +66,17 @@ _REPEATS = flags.DEFINE_integer(
   "repeats", 3, "Timed rounds per engine (median), after a warm-up round; engines alternate.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Parameter / compute dtype.")
 _SKIP_HF = flags.DEFINE_bool("skip_transformers", False, "Only time jaxrl_post.")
+_WORKLOAD = flags.DEFINE_enum(
+  "workload", "fixed", ["fixed", "long_tail"],
+  "fixed: every row generates max_new_tokens (ours vs transformers); long_tail: geometric "
+  "lengths, continuous vs static batching.")
+_LT_ROWS = flags.DEFINE_integer("long_tail_rows", 256, "long_tail: rows (distinct prompts).")
+_LT_SLOTS = flags.DEFINE_integer(
+  "long_tail_slots", 16, "long_tail: static batch size = continuous slots (same cache memory).")
+_LT_MEAN = flags.DEFINE_integer("mean_length", 128, "long_tail: mean completion length.")
+_LT_CAP = flags.DEFINE_integer("long_tail_cap", 1024, "long_tail: max_new_tokens.")
+_LT_ADMIT = flags.DEFINE_integer(
+  "admit_size", 0, "long_tail: rows admitted per prefill (0: the sampler's default).")
 _CPU_DEVICES = flags.DEFINE_integer(
   "cpu_devices", -1, "CPU only: split the host into this many single-threaded devices and shard "
   "the batch over them (-1: one per core; 0: XLA's default, one device with a thread pool).")
@@ -70,22 +95,15 @@ def _ours(model, prompts: np.ndarray, n: int, mesh) -> Callable[[], dict[str, fl
   state = nnx.state(model)
   if mesh is not None:
     state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
-  tokens, mask, _ = sampler._pad_prompts(prompts.tolist())
-  tokens, mask = sampler._put_batch(tokens, mask)
+  batch = sampler.prepare(prompts.tolist())
   t = _NEW_TOKENS.value
-  cache_len = tokens.shape[1] + t
-  static = sampler._static
-  end, stop = end_id_array([], "eos"), end_id_array([], "stop")
 
   def prefill():
-    return jax.block_until_ready(jitted_prefill(state, tokens, mask, cache_len=cache_len,
-                                          num_samples=n, **static))
+    return jax.block_until_ready(sampler.prefill(state, batch, max_new_tokens=t,
+                                                 n_samples_per_prompt=n))
 
   def decode(start):
-    return jax.block_until_ready(jitted_decode(
-      state, start.cache, start.logits, start.positions, jax.random.key(0), end, stop,
-      jnp.float32(1.0), jnp.float32(1.0), max_new_tokens=t, top_k=0, greedy=False,
-      num_logprobs=0, pad_id=0, **static))
+    return jax.block_until_ready(sampler.decode(state, start, rng=jax.random.key(0)))
 
   def generate():
     return sampler.generate(state, prompts.tolist(), n_samples_per_prompt=n, max_new_tokens=t,
@@ -140,6 +158,88 @@ def _transformers(config, prompts: np.ndarray, n: int) -> Callable[[], dict[str,
   return one_round
 
 
+class StopHazardLM(CausalLM):
+  """A `CausalLM` that ends each row after a geometric number of tokens (mean `1 / hazard`).
+
+  After input token x at position t, the next token is EOS if
+  `hash(x, t) mod mean_length == 0` and never EOS otherwise (its logit is
+  set to ±1e4). With tokens drawn across the vocabulary (random weights,
+  temperature 1) each step ends the row with probability ≈ 1 / mean_length,
+  independently of the row's past: lengths are geometric. The rule is a
+  function of the sequence, like a trained model's stopping, so static and
+  continuous batching see the same lengths for the same draws and the
+  sampler needs no special path.
+  """
+
+  def __init__(self, config, *, rngs, mean_length: int, eos_id: int):
+    super().__init__(config, rngs=rngs)
+    self.mean_length, self.eos_id = mean_length, eos_id
+
+  def __call__(self, tokens, *, positions=None, attention_mask=None, **kwargs):
+    out = super().__call__(tokens, positions=positions, attention_mask=attention_mask, **kwargs)
+    logits = out[0] if isinstance(out, tuple) else out
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    h = (tokens.astype(jnp.uint32) * np.uint32(0x9E3779B1)) ^ (
+      positions.astype(jnp.uint32) * np.uint32(0x85EBCA77))
+    h = (h ^ (h >> 15)) * np.uint32(0x2C1B3C6D)
+    h = h ^ (h >> 12)
+    stop = (h % np.uint32(self.mean_length)) == 0
+    logits = logits.at[..., self.eos_id].set(jnp.where(stop, 1e4, -1e4))
+    return (logits,) + tuple(out[1:]) if isinstance(out, tuple) else logits
+
+
+def _long_tail(config, common: dict) -> None:
+  """Continuous vs static batching on geometric lengths, same cache memory, alternating rounds."""
+  eos = 1
+  model = StopHazardLM(config, rngs=nnx.Rngs(0), mean_length=_LT_MEAN.value, eos_id=eos)
+  state = nnx.state(model)
+  rows, slots, cap = _LT_ROWS.value, _LT_SLOTS.value, _LT_CAP.value
+  sampler = Sampler(model, max_prompt_len=_PROMPT_LEN.value, eos_ids=[eos], pad_id=0)
+  prompts = np.random.RandomState(0).randint(3, config.vocab_size,
+                                             (rows, _PROMPT_LEN.value)).tolist()
+  admit = _LT_ADMIT.value or None
+
+  def static_round():
+    lengths = []
+    for first in range(0, rows, slots):
+      rollout = sampler.generate(state, prompts[first:first + slots], max_new_tokens=cap,
+                                 rng=jax.random.key(first))
+      lengths.append(rollout.lengths)
+    lengths = np.concatenate([np.asarray(x) for x in lengths])  # waits for the last batch
+    # Each batch's loop runs until its longest row ends.
+    steps = sum(int(lengths[i:i + slots].max()) for i in range(0, rows, slots))
+    return dict(lengths=lengths, steps=steps)
+
+  def continuous_round():
+    rollout, stats = sampler.generate_continuous(state, prompts, num_slots=slots,
+                                                 admit_size=admit, max_new_tokens=cap,
+                                                 rng=jax.random.key(0), return_stats=True)
+    return dict(lengths=np.asarray(rollout.lengths), steps=int(stats["steps"]),
+                passes=int(stats["passes"]))
+
+  def timed(fn):
+    def one_round():
+      seconds, out = _timed(fn)
+      lengths = out.pop("lengths")
+      return dict(total_s=seconds, tokens=int(lengths.sum()), mean_length=float(lengths.mean()),
+                  max_length=int(lengths.max()), **out)
+    return one_round
+
+  timings = _interleaved({"static": timed(static_round), "continuous": timed(continuous_round)})
+  load = os.getloadavg()
+  shared = dict(common, rows=rows, slots=slots, cache_slots_per_row=_PROMPT_LEN.value + cap,
+                mean_length_target=_LT_MEAN.value, cap=cap, admit_size=admit,
+                load_avg_1m=load[0], load_avg_5m=load[1])
+  rates = {}
+  for engine, t in timings.items():
+    rates[engine] = t["tokens"] / t["total_s"]
+    print(json.dumps(dict(what="sampler_long_tail", engine=engine, **shared, **t,
+                          tokens_per_s=rates[engine])), flush=True)
+  print(json.dumps(dict(what="sampler_long_tail_ratio", **shared,
+                        speedup=rates["continuous"] / rates["static"])), flush=True)
+
+
 def _interleaved(rounds: dict[str, Callable[[], dict]]) -> dict[str, dict[str, float]]:
   """Per engine, the median of every timing (`*_s`) over `--repeats` rounds after a warm-up.
 
@@ -173,6 +273,11 @@ def _hbm_bandwidth() -> float:
 
 def main(argv):
   del argv
+  if _WORKLOAD.value == "long_tail":
+    config = get_model_config(_MODEL.value, param_dtype=_DTYPE.value, dtype=_DTYPE.value)
+    _long_tail(config, dict(model=_MODEL.value, dtype=_DTYPE.value, prompt_len=_PROMPT_LEN.value,
+                            backend=jax.default_backend(), devices=1))
+    return
   if _CPU_DEVICES.value != 0:
     host.use_one_cpu_device_per_core(None if _CPU_DEVICES.value < 0 else _CPU_DEVICES.value)
   mesh = host.data_mesh() if jax.device_count() > 1 else None

@@ -6,6 +6,17 @@
   scored = sampler.score(state, rollout.prompt_tokens, rollout.prompt_mask,
                          rollout.completion_tokens, rollout.completion_mask)
 
+`generate` is three public phases, which a benchmark can time one by one:
+
+  batch = sampler.prepare(prompts)                          # pad to buckets, put on device
+  start = sampler.prefill(state, batch, max_new_tokens=64, n_samples_per_prompt=8)
+  out = sampler.decode(state, start, rng=rng)      # donates start's cache
+  rollout = sampler.make_rollout(batch, out, n_samples_per_prompt=8)
+
+`generate_continuous` gives the same `Rollout` through a fixed number of cache
+slots that finished rows hand to queued ones (`continuous.py`), for
+long-tailed completion lengths.
+
 Prompt lengths and prompt counts are padded up to a few static buckets
 (powers of two by default), so a training run compiles the prefill and
 decode kernels once per bucket it meets, not once per batch.
@@ -16,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +39,7 @@ from jaxrl_post.models.transformer import CausalLM
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
 from jaxrl_post.parallel.mesh import data_parallel_axes, put_batch
 from jaxrl_post.parallel.multihost import to_host
-from jaxrl_post.sampling import kernels, scoring
+from jaxrl_post.sampling import continuous, kernels, scoring
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
 
 _MAX_END_IDS = 8  # eos / stop ids are padded to this many, so changing them never recompiles
@@ -54,6 +66,25 @@ def end_id_array(ids: Sequence[int], what: str) -> jax.Array:
   if len(ids) > _MAX_END_IDS:
     raise ValueError(f"at most {_MAX_END_IDS} {what} are supported, got {len(ids)}")
   return jnp.asarray(ids + [-1] * (_MAX_END_IDS - len(ids)), jnp.int32)
+
+
+class PromptBatch(NamedTuple):
+  """Prompts padded to their buckets and put on the device(s) (`Sampler.prepare`).
+
+  Rows past `num_prompts` are filler (batch bucketing): one real token each,
+  so that every row is well defined; their samples are dropped.
+  """
+
+  tokens: jax.Array  # int32[prompt bucket, length bucket], left-padded
+  mask: jax.Array  # bool[prompt bucket, length bucket], False on padding
+  num_prompts: int  # real prompts
+
+
+class Prefilled(NamedTuple):
+  """`Sampler.prefill`'s output: the kernel's, and the budget its cache was made for."""
+
+  start: kernels.PrefillOutput  # next-token logits, positions and the cache
+  max_new_tokens: int
 
 
 class Sampler:
@@ -139,11 +170,92 @@ class Sampler:
       return tuple(jnp.asarray(a) for a in arrays)
     return tuple(put_batch(list(arrays), self.mesh, self.rules))
 
+  def prepare(self, prompts) -> PromptBatch:
+    """Tokenizes (string prompts), pads to the buckets and puts the prompts on the device(s).
+
+    Prompts are left-padded to the smallest length bucket that holds the
+    longest, and their count to the smallest batch bucket; with a mesh, the
+    rows are split over its batch axes.
+    """
+    tokens, mask, num_prompts = self._pad_prompts(self._tokenize(prompts))
+    tokens, mask = self._put_batch(tokens, mask)
+    return PromptBatch(tokens, mask, num_prompts)
+
+  def prefill(self, state, batch: PromptBatch, *, max_new_tokens: int,
+              n_samples_per_prompt: int = 1) -> Prefilled:
+    """Runs the prompts once into a fresh cache (`kernels.prefill`, jitted).
+
+    Returns per row (prompt p's samples are rows p·n … p·n + n − 1) the
+    next-token logits `[rows, vocab]`, positions `[rows]` and a cache with
+    room for `max_new_tokens` more; with n > 1 a group's rows share its
+    prompt's slots. Compiles once per (batch bucket, length bucket,
+    max_new_tokens, n).
+    """
+    _check_positive(n_samples_per_prompt=n_samples_per_prompt, max_new_tokens=max_new_tokens)
+    state = self._default_state if state is None else state
+    start = jitted_prefill(state, batch.tokens, batch.mask,
+                           cache_len=batch.tokens.shape[1] + max_new_tokens,
+                           num_samples=n_samples_per_prompt, **self._static)
+    return Prefilled(start, max_new_tokens)
+
+  def decode(self, state, prefilled: Prefilled, *, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, greedy: bool = False, stop_tokens: Sequence[int] = (),
+             num_logprobs: int = 0, rng: jax.Array | None = None) -> kernels.DecodeOutput:
+    """Samples up to `prefill`'s `max_new_tokens` per row (`kernels.decode`, jitted).
+
+    The prefill's cache is donated: its buffer is reused, so `prefilled`
+    must not be decoded again. The arguments are those of `generate`.
+    Returns every row of the batch bucket (filler rows too; `make_rollout`
+    drops them).
+    """
+    start, max_new_tokens = prefilled
+    rng = self._check_sampling(max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, greedy=greedy, rng=rng)
+    state = self._default_state if state is None else state
+    return jitted_decode(state, start.cache, start.logits, start.positions, rng,
+                         end_id_array(self.eos_ids, "eos ids"),
+                         end_id_array(stop_tokens, "stop tokens"), jnp.float32(temperature),
+                         jnp.float32(top_p), max_new_tokens=max_new_tokens, top_k=top_k,
+                         greedy=greedy, num_logprobs=num_logprobs, pad_id=self.pad_id,
+                         **self._static)
+
+  def make_rollout(self, batch: PromptBatch,
+                   out: kernels.DecodeOutput | continuous.ContinuousOutput, *,
+                   n_samples_per_prompt: int = 1) -> Rollout:
+    """The `Rollout` of `batch`'s real prompts from a decode output (filler rows dropped)."""
+    n, num_prompts = n_samples_per_prompt, batch.num_prompts
+    rows = num_prompts * n
+    return Rollout(
+      prompt_tokens=jnp.repeat(batch.tokens[:num_prompts], n, axis=0),
+      prompt_mask=jnp.repeat(batch.mask[:num_prompts], n, axis=0),
+      completion_tokens=out.tokens[:rows], completion_mask=out.mask[:rows],
+      logp=out.logp[:rows], finish_reason=out.finish_reason[:rows],
+      group_ids=jnp.repeat(jnp.arange(num_prompts, dtype=jnp.int32), n),
+      topk_ids=None if out.topk_ids is None else out.topk_ids[:rows],
+      topk_logp=None if out.topk_logp is None else out.topk_logp[:rows])
+
+  def _check_sampling(self, *, max_new_tokens, temperature, top_k, top_p, greedy, rng):
+    """Validates the sampling arguments; returns the key (a fixed one when greedy)."""
+    if not 0.0 < top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature <= 0:
+      raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+    if top_k < 0 or top_k > self.config.vocab_size:
+      raise ValueError(f"top_k must be in [0, vocab_size={self.config.vocab_size}], got {top_k}")
+    _check_positive(max_new_tokens=max_new_tokens)
+    if rng is None:
+      if not greedy:
+        raise ValueError("sampling needs an rng key (or greedy=True)")
+      rng = jax.random.key(0)
+    return rng
+
   def generate(self, state, prompts, *, n_samples_per_prompt: int = 1, max_new_tokens: int = 64,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                greedy: bool = False, stop_tokens: Sequence[int] = (), num_logprobs: int = 0,
                rng: jax.Array | None = None) -> Rollout:
     """Samples `n_samples_per_prompt` completions for each prompt.
+
+    `prepare`, `prefill`, `decode` and `make_rollout` in a row.
 
     Args:
       state: model parameters (`nnx.state(model)`); None uses the model's own.
@@ -163,40 +275,77 @@ class Sampler:
     Returns:
       A `Rollout` with `len(prompts) * n_samples_per_prompt` rows.
     """
-    if n_samples_per_prompt < 1:
-      raise ValueError(f"n_samples_per_prompt must be ≥ 1, got {n_samples_per_prompt}")
-    if not 0.0 < top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature <= 0:
-      raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
-    if top_k < 0 or top_k > self.config.vocab_size:
-      raise ValueError(f"top_k must be in [0, vocab_size={self.config.vocab_size}], got {top_k}")
-    if max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-    if rng is None:
-      if not greedy:
-        raise ValueError("sampling needs an rng key (or greedy=True)")
-      rng = jax.random.key(0)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
+    # All arguments are checked before any work is dispatched.
+    _check_positive(n_samples_per_prompt=n_samples_per_prompt)
+    rng = self._check_sampling(max_new_tokens=max_new_tokens, **sampling, rng=rng)
+    batch = self.prepare(prompts)
+    start = self.prefill(state, batch, max_new_tokens=max_new_tokens,
+                         n_samples_per_prompt=n_samples_per_prompt)
+    out = self.decode(state, start, **sampling, stop_tokens=stop_tokens,
+                      num_logprobs=num_logprobs, rng=rng)
+    return self.make_rollout(batch, out, n_samples_per_prompt=n_samples_per_prompt)
+
+  def generate_continuous(self, state, prompts, *, num_slots: int, admit_size: int | None = None,
+                          n_samples_per_prompt: int = 1, max_new_tokens: int = 64,
+                          temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                          greedy: bool = False, stop_tokens: Sequence[int] = (),
+                          num_logprobs: int = 0, rng: jax.Array | None = None,
+                          return_stats: bool = False):
+    """`generate` through `num_slots` cache slots that finished rows hand to queued ones.
+
+    The rows (prompt p's n samples are rows p·n … p·n + n − 1) queue in row
+    order; `num_slots` of them decode together, and a row that ends frees
+    its slot for the next (`continuous.generate`, one jitted program for the
+    whole queue). The time then follows the total of generated tokens, not
+    batch × longest row; the cache holds `num_slots × (prompt bucket +
+    max_new_tokens)` slots whatever the number of prompts.
+
+    Row g draws its step-s token with the key `fold_in(fold_in(rng, s), g)`
+    as in `generate`, so the tokens equal `generate`'s with the same
+    arguments (up to float rounding: the rows are batched differently), and
+    the `Rollout` is the one `generate` returns: same rows, order, group ids,
+    finish reasons, log-probs (within float rounding) and top-K.
+
+    Args:
+      num_slots: rows decoded together (static; ≥ 1).
+      admit_size: queued rows prefilled per admission, in [1, num_slots]
+        (static); default `max(1, num_slots // 4)`. A pass decodes until this
+        many slots are free.
+      return_stats: also return a dict with the decode `steps` (each over
+        all slots), the outer-loop `passes`, and per row (in the rollout's
+        order) its `slot` and `start_step` (decode steps run before it
+        entered).
+      Others as in `generate`.
+
+    Supported: no mesh, or a mesh whose batch axes have one device (the
+    sampler then runs unsharded). A data-parallel mesh raises ValueError:
+    use `generate` there.
+    """
+    _check_positive(n_samples_per_prompt=n_samples_per_prompt, num_slots=num_slots)
+    admit_size = max(1, num_slots // 4) if admit_size is None else admit_size
+    if not 1 <= admit_size <= num_slots:
+      raise ValueError(f"admit_size must be in [1, num_slots={num_slots}], got {admit_size}")
+    rng = self._check_sampling(max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, greedy=greedy, rng=rng)
+    if self.mesh is not None and self.mesh.size > 1:
+      raise ValueError("generate_continuous runs on one device; this sampler has a mesh of "
+                       f"{self.mesh.size} devices (use generate for sharded sampling)")
     state = self._default_state if state is None else state
-    tokens, mask, num_prompts = self._pad_prompts(self._tokenize(prompts))
-    tokens, mask = self._put_batch(tokens, mask)
+    batch = self.prepare(prompts)
     n = n_samples_per_prompt
-    cache_len = tokens.shape[1] + max_new_tokens
-    start = jitted_prefill(state, tokens, mask, cache_len=cache_len, num_samples=n, **self._static)
-    out = jitted_decode(state, start.cache, start.logits, start.positions, rng,
-                  end_id_array(self.eos_ids, "eos ids"), end_id_array(stop_tokens, "stop tokens"),
-                  jnp.float32(temperature), jnp.float32(top_p), max_new_tokens=max_new_tokens,
-                  top_k=top_k, greedy=greedy, num_logprobs=num_logprobs, pad_id=self.pad_id,
-                  **self._static)
-    rows = num_prompts * n  # drop the filler rows of the batch bucket
-    return Rollout(
-      prompt_tokens=jnp.repeat(tokens[:num_prompts], n, axis=0),
-      prompt_mask=jnp.repeat(mask[:num_prompts], n, axis=0),
-      completion_tokens=out.tokens[:rows], completion_mask=out.mask[:rows],
-      logp=out.logp[:rows], finish_reason=out.finish_reason[:rows],
-      group_ids=jnp.repeat(jnp.arange(num_prompts, dtype=jnp.int32), n),
-      topk_ids=None if out.topk_ids is None else out.topk_ids[:rows],
-      topk_logp=None if out.topk_logp is None else out.topk_logp[:rows])
+    out = jitted_continuous(
+      state, batch.tokens, batch.mask, rng, jnp.int32(batch.num_prompts * n),
+      end_id_array(self.eos_ids, "eos ids"), end_id_array(stop_tokens, "stop tokens"),
+      jnp.float32(temperature), jnp.float32(top_p), num_samples=n, num_slots=num_slots,
+      admit_size=admit_size, max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy,
+      num_logprobs=num_logprobs, pad_id=self.pad_id, **self._static)
+    rollout = self.make_rollout(batch, out, n_samples_per_prompt=n)
+    if return_stats:
+      rows = batch.num_prompts * n
+      return rollout, dict(steps=out.steps, passes=out.passes, slot=out.slot[:rows],
+                           start_step=out.start_step[:rows])
+    return rollout
 
   def score(self, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
             temperature: float = 1.0, top_k: int = 0, candidate_ids: jax.Array | None = None,
@@ -219,6 +368,12 @@ class Sampler:
     ends = set(self.eos_ids)
     return [self.tokenizer.decode([int(t) for t, m in zip(row, keep) if m and t not in ends])
             for row, keep in zip(tokens, mask)]
+
+
+def _check_positive(**values):
+  for name, value in values.items():
+    if value < 1:
+      raise ValueError(f"{name} must be ≥ 1, got {value}")
 
 
 def _context(mesh, rules):
@@ -285,6 +440,21 @@ def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, tempe
   # counters, which the varying-axes checker would make us annotate by hand.
   return jax.shard_map(local, mesh=mesh, in_specs=(cache_spec, rows, rows) + (PartitionSpec(),) * 6,
                        out_specs=out_specs, check_vma=False)(cache, logits, positions, *shared)
+
+
+@functools.partial(jax.jit, static_argnames=(
+  "graphdef", "mesh", "rules", "num_samples", "num_slots", "admit_size", "max_new_tokens", "top_k",
+  "greedy", "num_logprobs", "pad_id"))
+def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, temperature, top_p, *,
+                      graphdef, mesh, rules, num_samples, num_slots, admit_size, max_new_tokens,
+                      top_k, greedy, num_logprobs, pad_id):
+  """`continuous.generate`: the whole queue in one compiled program."""
+  with _context(mesh, rules):
+    return continuous.generate(
+      graphdef, state, tokens, mask, rng, num_rows, num_samples=num_samples, num_slots=num_slots,
+      admit_size=admit_size, max_new_tokens=max_new_tokens, eos_ids=eos_ids, stop_ids=stop_ids,
+      pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+      num_logprobs=num_logprobs)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k",
