@@ -1,7 +1,10 @@
 """Pure loss functions for RL post-training: policy objectives, aggregation, KL estimators, OPD.
 
 Arrays in, `(loss, aux)` out; no models or configs. Variants are picked by name through
-`POLICY_LOSSES`, `KL_ESTIMATORS`, `LOSS_AGG_MODES` and `OPD_REWARDS`.
+`POLICY_LOSSES`, `KL_ESTIMATORS`, `LOSS_AGG_MODES` and `OPD_REWARDS`; the on-policy
+distillation family's advantages and transforms through `TV_OPD_ADVANTAGES`,
+`JOINT_OPD_BASELINES` and `GATED_OPD_ADVANTAGES` (OPRD's gradient correction is
+`oprd_transform`).
 """
 
 from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
@@ -35,12 +38,42 @@ from jaxrl_post.losses.distillation import rollout_domain_weights as rollout_dom
 from jaxrl_post.losses.distillation import sampled_token_opd_reward as sampled_token_opd_reward
 from jaxrl_post.losses.distillation import topk_opd_reward as topk_opd_reward
 from jaxrl_post.losses.distillation import topk_staleness_kl as topk_staleness_kl
+from jaxrl_post.losses.gated_opd import GATED_OPD_ADVANTAGES as GATED_OPD_ADVANTAGES
+from jaxrl_post.losses.gated_opd import TeacherGate as TeacherGate
+from jaxrl_post.losses.gated_opd import gated_opd_advantages as gated_opd_advantages
+from jaxrl_post.losses.gated_opd import grpd_advantages as grpd_advantages
+from jaxrl_post.losses.gated_opd import grpd_scale as grpd_scale
+from jaxrl_post.losses.gated_opd import opdvr_advantages as opdvr_advantages
+from jaxrl_post.losses.gated_opd import opdvr_gate as opdvr_gate
+from jaxrl_post.losses.gated_opd import opdvr_inverse_advantages as opdvr_inverse_advantages
+from jaxrl_post.losses.gated_opd import teacher_gate as teacher_gate
+from jaxrl_post.losses.gated_opd import tgopd_advantages as tgopd_advantages
+from jaxrl_post.losses.joint_opd import JOINT_OPD_BASELINES as JOINT_OPD_BASELINES
+from jaxrl_post.losses.joint_opd import JointOPDTerms as JointOPDTerms
+from jaxrl_post.losses.joint_opd import annealed_beta as annealed_beta
+from jaxrl_post.losses.joint_opd import auto_switch_step as auto_switch_step
+from jaxrl_post.losses.joint_opd import final_eos_mask as final_eos_mask
+from jaxrl_post.losses.joint_opd import hdpo_advantages as hdpo_advantages
+from jaxrl_post.losses.joint_opd import joint_opd_advantages as joint_opd_advantages
+from jaxrl_post.losses.joint_opd import kdrl_advantages as kdrl_advantages
+from jaxrl_post.losses.joint_opd import kdrl_annealing_advantages as kdrl_annealing_advantages
+from jaxrl_post.losses.joint_opd import kdrl_mask_advantages as kdrl_mask_advantages
+from jaxrl_post.losses.joint_opd import opd_then_rl_advantages as opd_then_rl_advantages
+from jaxrl_post.losses.joint_opd import rlsd_advantages as rlsd_advantages
+from jaxrl_post.losses.joint_opd import srpo_advantages as srpo_advantages
+from jaxrl_post.losses.joint_opd import trrd_advantages as trrd_advantages
 from jaxrl_post.losses.kl import KL_ESTIMATORS as KL_ESTIMATORS
 from jaxrl_post.losses.kl import k1 as k1
 from jaxrl_post.losses.kl import k2 as k2
 from jaxrl_post.losses.kl import k3 as k3
 from jaxrl_post.losses.kl import kl_estimate as kl_estimate
 from jaxrl_post.losses.kl import kl_reward_penalty as kl_reward_penalty
+from jaxrl_post.losses.oprd import OPRDLambda as OPRDLambda
+from jaxrl_post.losses.oprd import oprd_direction as oprd_direction
+from jaxrl_post.losses.oprd import oprd_lambda as oprd_lambda
+from jaxrl_post.losses.oprd import oprd_support as oprd_support
+from jaxrl_post.losses.oprd import oprd_support_from_logits as oprd_support_from_logits
+from jaxrl_post.losses.oprd import oprd_transform as oprd_transform
 from jaxrl_post.losses.policy import POLICY_LOSSES as POLICY_LOSSES
 from jaxrl_post.losses.policy import PolicyLossAux as PolicyLossAux
 from jaxrl_post.losses.policy import cispo_loss as cispo_loss
@@ -49,3 +82,15 @@ from jaxrl_post.losses.policy import gspo_token_loss as gspo_token_loss
 from jaxrl_post.losses.policy import policy_loss as policy_loss
 from jaxrl_post.losses.policy import sampler_importance_weights as sampler_importance_weights
 from jaxrl_post.losses.policy import sapo_loss as sapo_loss
+from jaxrl_post.losses.tv_opd import TV_OPD_ADVANTAGES as TV_OPD_ADVANTAGES
+from jaxrl_post.losses.tv_opd import TVOPDState as TVOPDState
+from jaxrl_post.losses.tv_opd import TVStats as TVStats
+from jaxrl_post.losses.tv_opd import group_constant_opd_advantages as group_constant_opd_advantages
+from jaxrl_post.losses.tv_opd import init_tv_opd_state as init_tv_opd_state
+from jaxrl_post.losses.tv_opd import permuted_opd_advantages as permuted_opd_advantages
+from jaxrl_post.losses.tv_opd import raw_opd_advantages as raw_opd_advantages
+from jaxrl_post.losses.tv_opd import sign_opd_advantages as sign_opd_advantages
+from jaxrl_post.losses.tv_opd import tv_estimate as tv_estimate
+from jaxrl_post.losses.tv_opd import tv_opd_advance as tv_opd_advance
+from jaxrl_post.losses.tv_opd import tv_opd_advantages as tv_opd_advantages
+from jaxrl_post.losses.tv_opd import tv_opd_commit as tv_opd_commit
