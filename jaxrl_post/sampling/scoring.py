@@ -27,11 +27,15 @@ where `W` is the LM head (`CausalLM.output_logits`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+# `(logits [batch, c, vocab], mask [batch, c], inputs) -> logits`: see `score_hidden`.
+LogitsTransform = Callable[[jax.Array, jax.Array, Any], jax.Array]
 
 
 class ScoreOutput(NamedTuple):
@@ -101,7 +105,9 @@ def chunk_positions(time: int, chunk_size: int) -> int:
 
 def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
                  completion_mask: jax.Array, *, temperature=1.0, top_k: int = 0,
-                 candidate_ids: jax.Array | None = None, chunk_size: int = 0) -> ScoreOutput:
+                 candidate_ids: jax.Array | None = None, chunk_size: int = 0,
+                 logits_transform: LogitsTransform | None = None,
+                 transform_inputs: Any = None) -> ScoreOutput:
   """`score_logits` of `project(hidden)`, chunk by chunk, recomputed in the backward pass.
 
   Args:
@@ -113,6 +119,17 @@ def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
       as in `score_logits`.
     chunk_size: positions per chunk (0: the whole completion as one chunk).
       The last chunk is zero-padded when it does not divide `time`.
+    logits_transform: optional `(logits, mask, inputs) -> logits`, applied to
+      each chunk's `[batch, c, vocab]` logits (before the temperature) inside
+      the checkpointed chunk, with `mask` the chunk's `[batch, c]` completion
+      mask and `inputs` the chunk's slice of `transform_inputs`. For maps that
+      act on each position independently (an identity with a custom VJP that
+      corrects the logit cotangent, as OPRD's `losses.oprd_transform`), the
+      chunked result equals the unchunked one and no `[batch, time, vocab]`
+      cotangent is formed.
+    transform_inputs: a pytree of `[batch, time, ...]` per-position arrays,
+      split into chunks along time exactly like `candidate_ids` (padded
+      positions are masked out).
 
   Returns:
     The same `ScoreOutput` as `score_logits(project(hidden), ...)`. No
@@ -123,12 +140,16 @@ def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
   c = chunk_positions(t, chunk_size)
 
   @jax.checkpoint
-  def one_chunk(h, tokens, mask, candidates):
-    return score_logits(project(h), tokens, mask, temperature=temperature, top_k=top_k,
+  def one_chunk(h, tokens, mask, candidates, extra):
+    logits = project(h)
+    if logits_transform is not None:
+      logits = logits_transform(logits, mask, extra)
+    return score_logits(logits, tokens, mask, temperature=temperature, top_k=top_k,
                         candidate_ids=candidates)
 
   if c == t:
-    return one_chunk(hidden, completion_tokens, completion_mask, candidate_ids)
+    return one_chunk(hidden, completion_tokens, completion_mask, candidate_ids,
+                     transform_inputs)
   n = -(-t // c)
   pad = n * c - t  # Padded positions are masked out and cut off again below.
 
@@ -144,6 +165,7 @@ def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
     return None if y is None else jnp.moveaxis(y, 0, 1).reshape(b, n * c, *y.shape[3:])[:, :t]
 
   xs = tuple(map(to_chunks, (hidden, completion_tokens, completion_mask, candidate_ids)))
+  xs += (jax.tree.map(to_chunks, transform_inputs),)
   _, ys = jax.lax.scan(lambda carry, x: (carry, one_chunk(*x)), None, xs)
   return ScoreOutput(*map(from_chunks, ys))
 
@@ -151,7 +173,9 @@ def score_hidden(project, hidden: jax.Array, completion_tokens: jax.Array,
 def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
                 temperature=1.0, top_k: int = 0, candidate_ids: jax.Array | None = None,
                 prompt_embeddings: jax.Array | None = None,
-                chunk_size: int | None = None) -> ScoreOutput:
+                chunk_size: int | None = None,
+                logits_transform: LogitsTransform | None = None,
+                transform_inputs: Any = None) -> ScoreOutput:
   """Teacher-forced log-probs of given completions: one forward over prompt + completion.
 
   The trainer (current and old policy), the reference model and teachers all
@@ -171,6 +195,8 @@ def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion
       encoder that produced them is trained through this function.
     chunk_size: completion positions per logit chunk; default
       `model.config.logit_chunk_size` (0: one chunk).
+    logits_transform, transform_inputs: applied to each chunk's logits
+      (`score_hidden`); e.g. OPRD's gradient correction in the policy loss.
   """
   prompt_len = prompt_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
@@ -186,7 +212,8 @@ def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion
     chunk_size = model.config.logit_chunk_size
   return score_hidden(model.output_logits, hidden, completion_tokens, completion_mask,
                       temperature=temperature, top_k=top_k, candidate_ids=candidate_ids,
-                      chunk_size=chunk_size)
+                      chunk_size=chunk_size, logits_transform=logits_transform,
+                      transform_inputs=transform_inputs)
 
 
 def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,

@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxrl_post import losses
 from jaxrl_post.sampling import score_model
+from jaxrl_post.sampling.scoring import LogitsTransform
 
 
 def encode_pairs(tokenizer, prompts: Sequence[str], completions: Sequence[str], *,
@@ -50,22 +51,35 @@ def sft_loss(model, batch):
   return nll, {"nll": nll}
 
 
-def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0, **loss_kwargs):
+def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0,
+                     logits_transform: LogitsTransform | None = None,
+                     transform_keys: Sequence[str] = (), **loss_kwargs):
   """`(model, batch) -> (loss, aux)` for a policy-gradient update.
 
   The batch holds a rollout (`prompt_*`, `completion_*`), `old_logp` (the
-  policy that sampled, recomputed by `score`), `adv` `[batch]`, optional
-  `ref_logp`, and the global `num_tokens` / `num_sequences`.
-  `loss_kwargs` go to the registered policy loss (`jaxrl_post.losses`).
+  policy that sampled, recomputed by `score`), `adv` `[batch]` or
+  `[batch, time]`, optional `ref_logp`, and the global `num_tokens` /
+  `num_sequences`. `loss_kwargs` go to the registered policy loss
+  (`jaxrl_post.losses`).
+
+  Optional: `logp_scale` `[batch, time]` in the batch multiplies the current
+  log-probs before the ratio (a modulated ratio, e.g. TRRD's
+  `losses.JointOPDTerms`); `logits_transform` is applied to each logit chunk
+  of the scoring pass with the batch's `transform_keys` arrays as its inputs
+  (`sampling.score_hidden`; OPRD's `losses.oprd_transform`).
   """
   loss_fn = losses.POLICY_LOSSES.get(policy_loss)
+  transform_keys = tuple(transform_keys)
 
   def loss(model, batch):
+    inputs = {k: batch[k] for k in transform_keys} if logits_transform is not None else None
     scored = score_model(model, batch["prompt_tokens"], batch["prompt_mask"],
                          batch["completion_tokens"], batch["completion_mask"],
-                         temperature=temperature)
+                         temperature=temperature, logits_transform=logits_transform,
+                         transform_inputs=inputs)
+    logp = scored.logp if "logp_scale" not in batch else batch["logp_scale"] * scored.logp
     value, aux = loss_fn(
-      scored.logp, batch["old_logp"], batch["adv"], batch["completion_mask"],
+      logp, batch["old_logp"], batch["adv"], batch["completion_mask"],
       ref_logp=batch.get("ref_logp"), entropy=jax.lax.stop_gradient(scored.entropy),
       num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"], **loss_kwargs)
     return value, aux.additive()
