@@ -226,7 +226,9 @@ def _long_tail(config, common: dict) -> None:
                   max_length=int(lengths.max()), **out)
     return one_round
 
-  timings = _interleaved({"static": timed(static_round), "continuous": timed(continuous_round)})
+  runs = {}
+  timings = _interleaved({"static": timed(static_round), "continuous": timed(continuous_round)},
+                         runs)
   load = os.getloadavg()
   shared = dict(common, rows=rows, slots=slots, cache_slots_per_row=_PROMPT_LEN.value + cap,
                 mean_length_target=_LT_MEAN.value, cap=cap, admit_size=admit,
@@ -236,15 +238,21 @@ def _long_tail(config, common: dict) -> None:
     rates[engine] = t["tokens"] / t["total_s"]
     print(json.dumps(dict(what="sampler_long_tail", engine=engine, **shared, **t,
                           tokens_per_s=rates[engine])), flush=True)
+  # Rounds i of the two engines ran back to back: their ratio sees the same host.
+  per_round = [(c["tokens"] / c["total_s"]) / (s["tokens"] / s["total_s"])
+               for s, c in zip(runs["static"], runs["continuous"])]
   print(json.dumps(dict(what="sampler_long_tail_ratio", **shared,
-                        speedup=rates["continuous"] / rates["static"])), flush=True)
+                        speedup=rates["continuous"] / rates["static"],
+                        speedup_per_round=per_round)), flush=True)
 
 
-def _interleaved(rounds: dict[str, Callable[[], dict]]) -> dict[str, dict[str, float]]:
+def _interleaved(rounds: dict[str, Callable[[], dict]],
+                 every_round: dict | None = None) -> dict[str, dict[str, float]]:
   """Per engine, the median of every timing (`*_s`) over `--repeats` rounds after a warm-up.
 
   The engines alternate round by round, so that a drift of the host's speed (±20 % within
-  minutes on a shared VM) falls on both and cancels in their ratio.
+  minutes on a shared VM) falls on both and cancels in their ratio. `every_round`, if
+  given, receives each engine's list of rounds.
   """
   for one_round in rounds.values():
     one_round()
@@ -252,6 +260,8 @@ def _interleaved(rounds: dict[str, Callable[[], dict]]) -> dict[str, dict[str, f
   for _ in range(_REPEATS.value):
     for name, one_round in rounds.items():
       results[name].append(one_round())
+  if every_round is not None:
+    every_round.update(results)
   return {name: {key: float(np.median([r[key] for r in runs])) if key.endswith("_s")
                  else runs[0][key] for key in runs[0]}
           for name, runs in results.items()}

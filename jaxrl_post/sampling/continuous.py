@@ -9,16 +9,15 @@ so the time follows the total of generated tokens instead:
 
   steps ≈ Σ_rows length / num_slots   (static: Σ_batches max_{rows in batch} length)
 
-The whole generation is one jitted program (`generate`), a `lax.while_loop`
-whose every pass
+The whole generation is one jitted program (`generate`): a `lax.while_loop`
+whose every step
 
-  1. admits up to `admit_size` queued rows into free slots: their prompts are
-     prefilled (`kernels.prefill`, one row per sample) and written into the
-     slots' rows of the cache, which hold `prompt_len + max_new_tokens` slots
-     per row, prompt first;
-  2. decodes all slots step by step (`lax.while_loop`) until enough slots are
-     free to admit again (`admit_size`, or what is left in the queue), or
-     until every row has ended once the queue is empty.
+  1. admits queued rows into free slots once `admit_size` slots are free (or
+     as many as rows are left): their prompts are prefilled
+     (`kernels.prefill`, one row per sample) and written into the slots'
+     rows of the cache, which hold `prompt_len + max_new_tokens` slots per
+     row, prompt first (`lax.cond`: most steps admit nothing);
+  2. decodes one token in every slot.
 
 Rows advance independently: the cache keeps one write index per row
 (`KVCache.index` `int32[slots]`), and every row draws its step-s token with
@@ -28,17 +27,21 @@ or on when it entered, and equal those of a static batch up to float
 rounding (different batch compositions and cache lengths sum in a different
 order; tests compare tokens exactly).
 
-Like the phases of `kernels.decode`, a pass decodes over the cache cut to
-the smallest of a few lengths (`kernels.decode_phases`) that holds the
-longest live row, so attention reads only the slots the live rows can use:
-the longest live row, not the cache length, sets the cost of a step. Each
-length compiles the model's decode step once more; the number of queued rows
-never changes the program, so draining a queue never recompiles.
+Like the phases of `kernels.decode`, the steps run over the cache cut to the
+shortest of a few lengths (`cache_lengths`) that holds every live row's
+next write, so attention reads the slots the live rows can use: the longest
+live row, not the cache length, sets the cost of a step. The loop over steps
+sits inside an outer loop whose passes change the cut (a `lax.switch` over
+the lengths; a pass ends when a row outgrows its cut or when the longest
+rows have ended and a shorter one would do), so the cache is copied at a
+change of length only, not at admissions. Each length compiles the model's
+decode step once more; the number of queued rows never changes the program,
+so draining a queue never recompiles.
 
 A row's samples are prefilled once per row (a group admitted together
 computes its prompt n times), and its prompt slots are its own, not shared
 with the group as in `kernels.prefill` (the group's rows may sit in any slots
-and enter at different passes).
+and enter at different steps).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class ContinuousOutput(NamedTuple):
   topk_ids: jax.Array | None  # int32[rows, max_new_tokens, K]
   topk_logp: jax.Array | None  # float32[rows, max_new_tokens, K]
   steps: jax.Array  # int32[], decode steps run (each over all slots)
-  passes: jax.Array  # int32[], admissions + decode loops (outer loop passes)
+  passes: jax.Array  # int32[], outer passes (changes of the cache length + 1)
   slot: jax.Array  # int32[rows], the slot each row decoded in
   start_step: jax.Array  # int32[rows], decode steps run before the row entered
 
@@ -147,10 +150,10 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
     num_samples: n, rows per prompt. Static.
     num_slots: rows decoded together (the cache holds `num_slots ×
       (prompt_len + max_new_tokens)` slots). Static.
-    admit_size: rows prefilled per admission (static), ≤ num_slots: a pass
-      decodes until this many slots are free (or as many as rows are left in
-      the queue). Small: slots stand idle for less time; large: fewer,
-      larger prefills and fewer passes.
+    admit_size: rows prefilled per admission (static), ≤ num_slots: rows
+      are admitted once this many slots are free (or as many as rows are
+      left in the queue). Small: slots stand idle for less time; large:
+      fewer, larger prefills.
     max_new_tokens, eos_ids, stop_ids, pad_id, temperature, top_p, top_k,
     greedy, num_logprobs: as in `kernels.decode`.
     first_row: global row number of row 0 (a data shard's offset).
@@ -168,10 +171,13 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
   cache = cache.replace(index=jnp.full((slots,), prompt_len, jnp.int32))
   num_rows = jnp.asarray(num_rows, jnp.int32)
 
-  def want(c):
-    """Free slots a pass waits for: admit_size, what is left in the queue, or never."""
-    left = num_rows - c.next_row
-    return jnp.where(left > 0, jnp.minimum(admit_size, left), slots + 1)
+  def need(c, cache):
+    """Cache length the next step needs: every live row's next write, and a new prompt's."""
+    return jnp.maximum(jnp.max(jnp.where(c.alive, cache.index, 0)), prompt_len) + 1
+
+  def more(loop):
+    c, _ = loop
+    return jnp.any(c.alive) | (c.next_row < num_rows)
 
   def admit(c: _Slots, cache: KVCache):
     count = jnp.minimum(jnp.minimum(admit_size, num_rows - c.next_row),
@@ -214,36 +220,38 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
     return c._replace(logits=logits[:, 0], positions=c.positions + 1, step=c.step + 1,
                       steps=c.steps + 1), cache
 
-  def decode_at(length):
+  lengths = cache_lengths(prompt_len, t)
+
+  def admit_and_step(loop):
+    c, cache = loop
+    left = num_rows - c.next_row
+    free = slots - jnp.sum(c.alive, dtype=jnp.int32)
+    c, cache = jax.lax.cond((left > 0) & (free >= jnp.minimum(admit_size, left)), admit,
+                            lambda c, cache: (c, cache), c, cache)
+    return decode_step(c, cache)
+
+  def decode_at(j):
+    """Admits and decodes over the cache cut to `lengths[j]` while that is the right length."""
+    length, shorter = lengths[j], lengths[j - 1] if j else 0
+
     def cond(loop):
-      c, cache = loop
-      fits = jnp.all(jnp.where(c.alive, cache.index < length, True))
-      free = slots - jnp.sum(c.alive, dtype=jnp.int32)
-      return jnp.any(c.alive) & (free < want(c)) & fits
+      # Work is left, every live row's next write fits, and no shorter cut holds them all.
+      length_needed = need(*loop)
+      return more(loop) & (length_needed <= length) & (length_needed > shorter)
 
     def run(c, cache):
-      c, part = jax.lax.while_loop(cond, lambda loop: decode_step(*loop),
-                                   (c, resize_cache(cache, length)))
+      c, part = jax.lax.while_loop(cond, admit_and_step, (c, resize_cache(cache, length)))
       return c, _put_back(cache, part)
 
     return run
 
-  lengths = cache_lengths(prompt_len, t)
-  branches = [decode_at(length) for length in lengths]
+  branches = [decode_at(j) for j in range(len(lengths))]
 
   def one_pass(loop):
     c, cache = loop
-    c, cache = jax.lax.cond(
-      (c.next_row < num_rows) & jnp.any(~c.alive), admit, lambda c, cache: (c, cache), c, cache)
-    # The shortest cache length that holds every live row's next write.
-    need = jnp.max(jnp.where(c.alive, cache.index, 0)) + 1
-    branch = jnp.sum(jnp.asarray(lengths) < need)
+    branch = jnp.sum(jnp.asarray(lengths) < need(c, cache))  # the shortest length that fits
     c, cache = jax.lax.switch(branch, branches, c, cache)
     return c._replace(passes=c.passes + 1), cache
-
-  def more(loop):
-    c, _ = loop
-    return jnp.any(c.alive) | (c.next_row < num_rows)
 
   vocab = model.config.vocab_size
   c = _Slots(

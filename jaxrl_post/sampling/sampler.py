@@ -309,9 +309,10 @@ class Sampler:
 
     Args:
       num_slots: rows decoded together (static; ≥ 1).
-      admit_size: queued rows prefilled per admission, in [1, num_slots]
-        (static); default `max(1, num_slots // 4)`. A pass decodes until this
-        many slots are free.
+      admit_size: queued rows prefilled together, in [1, num_slots] (static);
+        default `max(1, num_slots // 8)`. Rows are admitted when this many
+        slots are free (or as many as rows are left): small keeps fewer slots
+        idle, large prefills in fewer, larger batches.
       return_stats: also return a dict with the decode `steps` (each over
         all slots), the outer-loop `passes`, and per row (in the rollout's
         order) its `slot` and `start_step` (decode steps run before it
@@ -323,7 +324,7 @@ class Sampler:
     use `generate` there.
     """
     _check_positive(n_samples_per_prompt=n_samples_per_prompt, num_slots=num_slots)
-    admit_size = max(1, num_slots // 4) if admit_size is None else admit_size
+    admit_size = max(1, num_slots // 8) if admit_size is None else admit_size
     if not 1 <= admit_size <= num_slots:
       raise ValueError(f"admit_size must be in [1, num_slots={num_slots}], got {admit_size}")
     rng = self._check_sampling(max_new_tokens=max_new_tokens, temperature=temperature,
