@@ -8,6 +8,9 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
   grpo        GRPO-family RL on a verifiable task (any registered policy loss / advantage)
   sft         teacher-forced SFT on a task's demonstrations
   opd         multi-teacher on-policy distillation (Open-MOPD, arXiv 2608.19098)
+  opd_family  the on-policy distillation family on one loop, by `config.distill.method`:
+              OPD, TV-OPD (2609.08341), OPD-then-RL + its joint baselines (2609.04108),
+              TGOPD (2609.02998), OPDVR / GRPD (2608.24696), OPRD (2609.08798), GRPO
   rtpo        multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO
   perception  dense detection SFT + set-reward GRPO (Falcon Perception-HD, arXiv 2608.18881)
   pcqa        point-cloud quality assessment (PCQA-R1, arXiv 2608.18627)
