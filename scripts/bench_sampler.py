@@ -31,7 +31,8 @@ rows × (prompt + cap) slots for both), on `--long_tail_rows` distinct
 prompts, one sample each, one XLA device (no mesh: continuous batching has
 no sharded path), alternating rounds as above:
   {"what": "sampler_long_tail", "engine": "static" | "continuous", "tokens", "total_s",
-   "tokens_per_s", "mean_length", "max_length", "steps", ...}
+   "tokens_per_s", "mean_length", "max_length", "steps", "first_call_s" (the warm-up
+   round, compilation included), ...}
   {"what": "sampler_long_tail_ratio", "speedup": continuous / static tokens per s, ...}
 Lengths are long-tailed by construction (`StopHazardLM`): after each token,
 EOS comes with probability 1/`--mean_length`, so lengths are geometric with
@@ -218,17 +219,20 @@ def _long_tail(config, common: dict) -> None:
     return dict(lengths=np.asarray(rollout.lengths), steps=int(stats["steps"]),
                 passes=int(stats["passes"]))
 
-  def timed(fn):
+  first_calls = {}
+
+  def timed(engine, fn):
     def one_round():
       seconds, out = _timed(fn)
+      first_calls.setdefault(engine, seconds)  # the warm-up round, compilation included
       lengths = out.pop("lengths")
       return dict(total_s=seconds, tokens=int(lengths.sum()), mean_length=float(lengths.mean()),
                   max_length=int(lengths.max()), **out)
     return one_round
 
   runs = {}
-  timings = _interleaved({"static": timed(static_round), "continuous": timed(continuous_round)},
-                         runs)
+  timings = _interleaved({"static": timed("static", static_round),
+                          "continuous": timed("continuous", continuous_round)}, runs)
   load = os.getloadavg()
   shared = dict(common, rows=rows, slots=slots, cache_slots_per_row=_PROMPT_LEN.value + cap,
                 mean_length_target=_LT_MEAN.value, cap=cap, admit_size=admit,
@@ -237,7 +241,8 @@ def _long_tail(config, common: dict) -> None:
   for engine, t in timings.items():
     rates[engine] = t["tokens"] / t["total_s"]
     print(json.dumps(dict(what="sampler_long_tail", engine=engine, **shared, **t,
-                          tokens_per_s=rates[engine])), flush=True)
+                          tokens_per_s=rates[engine], first_call_s=first_calls[engine])),
+          flush=True)
   # Rounds i of the two engines ran back to back: their ratio sees the same host.
   per_round = [(c["tokens"] / c["total_s"]) / (s["tokens"] / s["total_s"])
                for s, c in zip(runs["static"], runs["continuous"])]

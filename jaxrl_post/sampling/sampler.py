@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -319,9 +320,13 @@ class Sampler:
         entered).
       Others as in `generate`.
 
-    Supported: no mesh, or a mesh whose batch axes have one device (the
-    sampler then runs unsharded). A data-parallel mesh raises ValueError:
-    use `generate` there.
+    Meshes: under pure data parallelism (the batch axes cover the mesh and
+    divide the prompt bucket; `parallel.mesh.data_parallel_axes`) every
+    device runs its own queue, its prompts' rows, through its own
+    `num_slots / devices` slots (`num_slots` must divide evenly, and
+    `admit_size` fit in a device's slots); the rows keep their global keys,
+    so the rollout is the same. Any other mesh runs the one program under
+    the sharding rules, partitioned by XLA (correct; not tuned).
     """
     _check_positive(n_samples_per_prompt=n_samples_per_prompt, num_slots=num_slots)
     admit_size = max(1, num_slots // 8) if admit_size is None else admit_size
@@ -329,12 +334,18 @@ class Sampler:
       raise ValueError(f"admit_size must be in [1, num_slots={num_slots}], got {admit_size}")
     rng = self._check_sampling(max_new_tokens=max_new_tokens, temperature=temperature,
                                top_k=top_k, top_p=top_p, greedy=greedy, rng=rng)
-    if self.mesh is not None and self.mesh.size > 1:
-      raise ValueError("generate_continuous runs on one device; this sampler has a mesh of "
-                       f"{self.mesh.size} devices (use generate for sharded sampling)")
     state = self._default_state if state is None else state
     batch = self.prepare(prompts)
     n = n_samples_per_prompt
+    data = () if self.mesh is None else data_parallel_axes(self.mesh, self.rules,
+                                                          batch.tokens.shape[0])
+    if data:
+      shards = math.prod(self.mesh.shape[name] for name in data)
+      if num_slots % shards or admit_size > num_slots // shards:
+        raise ValueError(
+          f"under data parallelism over {shards} devices each device decodes num_slots / "
+          f"{shards} slots: num_slots={num_slots} must be a multiple of {shards} and "
+          f"admit_size={admit_size} at most num_slots / {shards}")
     out = jitted_continuous(
       state, batch.tokens, batch.mask, rng, jnp.int32(batch.num_prompts * n),
       end_id_array(self.eos_ids, "eos ids"), end_id_array(stop_tokens, "stop tokens"),
@@ -449,13 +460,48 @@ def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, tempe
 def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, temperature, top_p, *,
                       graphdef, mesh, rules, num_samples, num_slots, admit_size, max_new_tokens,
                       top_k, greedy, num_logprobs, pad_id):
-  """`continuous.generate`: the whole queue in one compiled program."""
-  with _context(mesh, rules):
+  """`continuous.generate`: the whole queue in one compiled program.
+
+  Under pure data parallelism (as in `jitted_decode`) each device runs
+  `continuous.generate` on its own prompts' rows with `num_slots / devices`
+  slots inside `shard_map`: its queue is its rows (global numbers from
+  `first_row`, which name their keys), so no device waits for another
+  until the end (two maxima of the step counters).
+  """
+  def run(tokens, mask, state, rng, num_rows, eos_ids, stop_ids, temperature, top_p, *,
+          num_slots=num_slots, first_row=0):
     return continuous.generate(
       graphdef, state, tokens, mask, rng, num_rows, num_samples=num_samples, num_slots=num_slots,
       admit_size=admit_size, max_new_tokens=max_new_tokens, eos_ids=eos_ids, stop_ids=stop_ids,
       pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-      num_logprobs=num_logprobs)
+      num_logprobs=num_logprobs, first_row=first_row)
+
+  shared = (state, rng, num_rows, eos_ids, stop_ids, temperature, top_p)
+  data = () if mesh is None else data_parallel_axes(mesh, rules, tokens.shape[0], num_slots)
+  if not data:
+    with _context(mesh, rules):
+      return run(tokens, mask, *shared)
+  shards = math.prod(mesh.shape[name] for name in data)
+  local_slots = num_slots // shards
+
+  def local(tokens, mask, state, rng, num_rows, *rest):
+    device = jax.lax.axis_index(data)
+    rows = tokens.shape[0] * num_samples
+    first_row = device * rows
+    out = run(tokens, mask, state, rng, jnp.clip(num_rows - first_row, 0, rows), *rest,
+              num_slots=local_slots, first_row=first_row)
+    return out._replace(steps=jax.lax.pmax(out.steps, data),
+                        passes=jax.lax.pmax(out.passes, data),
+                        slot=jnp.where(out.slot >= 0, out.slot + device * local_slots, -1))
+
+  rows = PartitionSpec(data)
+  top = rows if num_logprobs else None
+  out_specs = continuous.ContinuousOutput(rows, rows, rows, rows, top, top, PartitionSpec(),
+                                          PartitionSpec(), rows, rows)
+  # check_vma=False: as in `jitted_decode`, the loop carries mix per-device and
+  # replicated values.
+  return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows) + (PartitionSpec(),) * 7,
+                       out_specs=out_specs, check_vma=False)(tokens, mask, *shared)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k",

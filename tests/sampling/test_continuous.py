@@ -5,10 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_post import parallel
 from jaxrl_post.models import CausalLM, get_model_config, stack_layer_params
 from jaxrl_post.models.transformer import slice_slots, update_slots
+from jaxrl_post.parallel import host
+from jaxrl_post.parallel.mesh import REPLICATED_RULES
 from jaxrl_post.sampling import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, Sampler, continuous
 from jaxrl_post.sampling.sampler import jitted_continuous
 
@@ -127,10 +130,35 @@ def test_bad_arguments(model, sampler):
     sampler.generate_continuous(None, PROMPTS, num_slots=4)
   with pytest.raises(ValueError, match="empty prompt list"):
     sampler.generate_continuous(None, [], num_slots=4, greedy=True)
-  mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-  with pytest.raises(ValueError, match="runs on one device; this sampler has a mesh of 2"):
-    Sampler(model, max_prompt_len=32, mesh=mesh).generate_continuous(
-      None, PROMPTS, num_slots=4, greedy=True)
+  data_parallel = Sampler(model, max_prompt_len=32, mesh=host.data_mesh(jax.devices()[:2]),
+                          rules=REPLICATED_RULES)
+  for slots in (dict(num_slots=3), dict(num_slots=4, admit_size=3)):
+    with pytest.raises(ValueError, match="over 2 devices each device decodes num_slots / 2"):
+      data_parallel.generate_continuous(None, PROMPTS, **slots, greedy=True)
+
+
+def test_data_parallel_mesh_runs_one_queue_per_device_with_the_same_rollout(model, sampler):
+  mesh = host.data_mesh(jax.devices()[:2])
+  state = jax.device_put(nnx.state(model), NamedSharding(mesh, PartitionSpec()))
+  kw = dict(KW, rng=jax.random.key(9))
+  want = sampler.generate(None, PROMPTS, **kw)
+  data_parallel = Sampler(model, max_prompt_len=32, eos_ids=[EOS], batch_buckets=(8,),
+                          mesh=mesh, rules=REPLICATED_RULES)
+  got, stats = data_parallel.generate_continuous(state, PROMPTS, **SLOTS, **kw,
+                                                 return_stats=True)
+  _assert_same_rollout(got, want)
+  # Device 0 holds prompts 0-3 (rows 0-11) and slots 0-1, device 1 the rest.
+  slot = np.asarray(stats["slot"])
+  assert set(slot[:12].tolist()) == {0, 1} and set(slot[12:].tolist()) == {2, 3}
+
+
+def test_other_meshes_run_one_partitioned_program(model, sampler):
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  state = jax.device_put(nnx.state(model), parallel.state_shardings(nnx.state(model), mesh))
+  kw = dict(KW, rng=jax.random.key(10))
+  sharded = Sampler(model, max_prompt_len=32, eos_ids=[EOS], batch_buckets=(8,), mesh=mesh)
+  _assert_same_rollout(sharded.generate_continuous(state, PROMPTS, **SLOTS, **kw),
+                       sampler.generate(None, PROMPTS, **kw))
 
 
 def test_cache_lengths_end_at_the_full_cache():
@@ -162,22 +190,24 @@ def test_per_row_cache_index_decodes_rows_at_their_own_slots(model):
   # Row 0 holds a 5-token prompt, row 1 a 3-token one, both from slot 0: with
   # one write index per row each decodes its next token at its own slot, as
   # it would alone.
+  run = nnx.jit(lambda model, tokens, **kw: model(tokens, **kw))  # eager ops compile one by one
   prompts = [[3, 4, 5, 6, 8], [9, 10, 11]]
   cache = model.init_cache(2, 8)
   alone = []
   for r, prompt in enumerate(prompts):
     tokens = jnp.asarray([prompt + [0] * (5 - len(prompt))])
     mask = jnp.asarray([[True] * len(prompt) + [False] * (5 - len(prompt))])
-    _, one = model(tokens, positions=jnp.arange(5)[None], attention_mask=mask,
-                   cache=model.init_cache(1, 8))
+    _, one = run(model, tokens, positions=jnp.arange(5)[None], attention_mask=mask,
+                 cache=model.init_cache(1, 8))
     cache = cache.replace(k=jax.tree.map(lambda c, x, r=r: c.at[r].set(x[0]), cache.k, one.k),
                           v=jax.tree.map(lambda c, x, r=r: c.at[r].set(x[0]), cache.v, one.v),
                           mask=cache.mask.at[r].set(one.mask[0]))
-    step, _ = model(jnp.asarray([[12]]), positions=jnp.asarray([[len(prompt)]]),
-                    cache=one.replace(index=jnp.int32(len(prompt))))
+    step, _ = run(model, jnp.asarray([[12]]), positions=jnp.asarray([[len(prompt)]]),
+                  cache=one.replace(index=jnp.int32(len(prompt))))
     alone.append(step[0, 0])
   cache = cache.replace(index=jnp.asarray([5, 3], jnp.int32))
-  logits, cache = model(jnp.asarray([[12], [12]]), positions=jnp.asarray([[5], [3]]), cache=cache)
+  logits, cache = run(model, jnp.asarray([[12], [12]]), positions=jnp.asarray([[5], [3]]),
+                      cache=cache)
   np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(jnp.stack(alone)), atol=1e-5)
   np.testing.assert_array_equal(np.asarray(cache.index), [6, 4])
   np.testing.assert_array_equal(np.asarray(cache.mask),
