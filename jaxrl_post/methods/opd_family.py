@@ -397,7 +397,9 @@ class OPDFamily:
     if "tv" in state:
       self.tv_state = tv_state_from_dict(state["tv"])
     self.eval_history = [(int(s), float(v)) for s, v in state.get("eval_history", [])]
-    self.switch_step = int(state.get("switch_step", self._switch_from_history()))
+    # A fixed S is the config's; "auto" continues from the saved history's.
+    self.switch_step = (self.fixed_switch if self.fixed_switch is not None else
+                        int(state.get("switch_step", self._switch_from_history())))
 
   # ---- one step ----
 
