@@ -28,8 +28,9 @@ device copy in the same run.
 `--workload=long_tail` compares `Sampler.generate_continuous` with static
 batches of `Sampler.generate` at the same cache memory (`--long_tail_slots`
 rows × (prompt + cap) slots for both), on `--long_tail_rows` distinct
-prompts, one sample each, one XLA device (no mesh: continuous batching has
-no sharded path), alternating rounds as above:
+prompts, one sample each, on the same devices as above (with one device per
+core, a static batch's rows and the continuous slots and queue are split
+over them), alternating rounds as above:
   {"what": "sampler_long_tail", "engine": "static" | "continuous", "tokens", "total_s",
    "tokens_per_s", "mean_length", "max_length", "steps", "first_call_s" (the warm-up
    round, compilation included), ...}
@@ -190,13 +191,20 @@ class StopHazardLM(CausalLM):
     return (logits,) + tuple(out[1:]) if isinstance(out, tuple) else logits
 
 
-def _long_tail(config, common: dict) -> None:
-  """Continuous vs static batching on geometric lengths, same cache memory, alternating rounds."""
+def _long_tail(config, mesh, common: dict) -> None:
+  """Continuous vs static batching on geometric lengths, same cache memory, alternating rounds.
+
+  With a (data) mesh both split their rows over the devices: a static batch's
+  rows, and the continuous slots and queue (one queue per device).
+  """
   eos = 1
   model = StopHazardLM(config, rngs=nnx.Rngs(0), mean_length=_LT_MEAN.value, eos_id=eos)
   state = nnx.state(model)
+  if mesh is not None:
+    state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
   rows, slots, cap = _LT_ROWS.value, _LT_SLOTS.value, _LT_CAP.value
-  sampler = Sampler(model, max_prompt_len=_PROMPT_LEN.value, eos_ids=[eos], pad_id=0)
+  sampler = Sampler(model, max_prompt_len=_PROMPT_LEN.value, eos_ids=[eos], pad_id=0, mesh=mesh,
+                    rules=REPLICATED_RULES)
   prompts = np.random.RandomState(0).randint(3, config.vocab_size,
                                              (rows, _PROMPT_LEN.value)).tolist()
   admit = _LT_ADMIT.value or None
@@ -288,15 +296,15 @@ def _hbm_bandwidth() -> float:
 
 def main(argv):
   del argv
-  if _WORKLOAD.value == "long_tail":
-    config = get_model_config(_MODEL.value, param_dtype=_DTYPE.value, dtype=_DTYPE.value)
-    _long_tail(config, dict(model=_MODEL.value, dtype=_DTYPE.value, prompt_len=_PROMPT_LEN.value,
-                            backend=jax.default_backend(), devices=1))
-    return
   if _CPU_DEVICES.value != 0:
     host.use_one_cpu_device_per_core(None if _CPU_DEVICES.value < 0 else _CPU_DEVICES.value)
   mesh = host.data_mesh() if jax.device_count() > 1 else None
   config = get_model_config(_MODEL.value, param_dtype=_DTYPE.value, dtype=_DTYPE.value)
+  if _WORKLOAD.value == "long_tail":
+    _long_tail(config, mesh, dict(model=_MODEL.value, dtype=_DTYPE.value,
+                                  prompt_len=_PROMPT_LEN.value, backend=jax.default_backend(),
+                                  devices=jax.device_count()))
+    return
   model = CausalLM(config, rngs=nnx.Rngs(0))
   rng = np.random.RandomState(0)
   g = _GROUP.value
