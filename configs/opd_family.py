@@ -4,7 +4,7 @@ One student, one frozen teacher (a checkpoint directory), the same budget and ev
 every method; `method=` picks the row:
 
   grpo                      GRPO baseline on the same loop (no teacher)
-  opd                       sampled-token OPD (spec §1.7)
+  opd                       sampled-token OPD
   tv_opd                    TV-OPD (arXiv 2609.08341); ablations: tv_variant=raw|sign|
                             group_constant|permuted
   opd_then_rl               OPD for steps ≤ S, then GRPO (arXiv 2609.04108); switch=<S>|auto

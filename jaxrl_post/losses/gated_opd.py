@@ -1,4 +1,4 @@
-"""Verifier-gated on-policy distillation: TGOPD (spec §5), OPDVR and GRPD (spec §6).
+"""Verifier-gated on-policy distillation: TGOPD, OPDVR and GRPD.
 
 Plain sampled-token OPD trusts the teacher everywhere: the per-token advantage is
 d_t = lp_T[t] − lp_old[t] (`distillation.sampled_token_opd_reward`). These methods let the
@@ -46,7 +46,7 @@ ArrayLike = jax.Array | float | int
 
 GATED_OPD_ADVANTAGES: Registry = Registry("gated opd advantage")
 
-# TGOPD (arXiv 2609.02998, spec §5.2): K_T = 3 probes, τ = 2/3 (2-of-3 majority).
+# TGOPD (arXiv 2609.02998): K_T = 3 probes, τ = 2/3 (2-of-3 majority).
 TGOPD_TAU = 2.0 / 3.0
 # Tolerance of the gate's comparison: a 2-of-3 pass rate computed in float32 must pass τ = 2/3.
 GATE_TOL = 1e-6
@@ -131,7 +131,7 @@ def teacher_gate(
     [True, False, True]
 
   References:
-    Zhang et al., Verify Before You Distill (TGOPD), arXiv 2609.02998 (spec §5.1–5.2).
+    Zhang et al., Verify Before You Distill (TGOPD), arXiv 2609.02998.
   """
   probe_rewards = jnp.asarray(probe_rewards, jnp.float32)
   if probe_rewards.ndim != 2:
@@ -201,7 +201,7 @@ def tgopd_advantages(
     [0.6931, 0.6931, 0.5, -0.5]
 
   References:
-    Zhang et al., Verify Before You Distill (TGOPD), arXiv 2609.02998 (spec §5).
+    Zhang et al., Verify Before You Distill (TGOPD), arXiv 2609.02998.
   """
   method = "tgopd"
   teacher_logp, old_logp = _check_token_inputs(teacher_logp, old_logp, mask)
@@ -261,7 +261,7 @@ def opdvr_gate(
     [[0.5, 0.0], [0.0, -0.30000001192092896]]
 
   References:
-    Lin et al., On-policy Distillation with Verifiable Reward, arXiv 2608.24696 (spec §6.1).
+    Lin et al., On-policy Distillation with Verifiable Reward, arXiv 2608.24696.
   """
   opd_reward = jnp.asarray(opd_reward, jnp.float32)
   correct = jnp.asarray(correct)
@@ -329,7 +329,7 @@ def opdvr_advantages(
     [[0.6931, 0.0], [0.0, -0.6931]]
 
   References:
-    Lin et al., On-policy Distillation with Verifiable Reward, arXiv 2608.24696 (spec §6.1).
+    Lin et al., On-policy Distillation with Verifiable Reward, arXiv 2608.24696.
   """
   teacher_logp, old_logp = _check_token_inputs(teacher_logp, old_logp, mask)
   correct, present = _correctness("opdvr", rewards, teacher_logp.shape[0], threshold)
@@ -375,9 +375,9 @@ def grpd_scale(
   rollout also gets a = 0 (the library's `group_advantages`; verl would use a = c there). Rows
   with a missing (NaN) reward are left out of the group statistics and get scale u.
 
-  Default `norm_std=True`: the release's `grpd.sh` default and the spec's signature; the OPDVR
+  Default `norm_std=True`: the release's `grpd.sh` default and the reference signature; the OPDVR
   README says the paper used the Dr.GRPO form (`norm_std=False`) — a conflict in the release
-  (spec §6.1), hence the keyword.
+ , hence the keyword.
 
   Args:
     rewards: `[batch]` verifier scores, NaN = missing.
@@ -398,7 +398,7 @@ def grpd_scale(
     [1.5, 0.5, 0.5, 0.5]
 
   References:
-    Lin et al., On-policy Distillation with Verifiable Reward (GRPD), arXiv 2608.24696 (§6.1).
+    Lin et al., On-policy Distillation with Verifiable Reward (GRPD), arXiv 2608.24696.
   """
   rewards = jnp.asarray(rewards, jnp.float32)
   group_ids = jnp.asarray(group_ids)
@@ -455,7 +455,7 @@ def grpd_advantages(
     [1.0397, -0.3466, 0.0, 0.0]
 
   References:
-    Lin et al., On-policy Distillation with Verifiable Reward (GRPD), arXiv 2608.24696 (§6.1).
+    Lin et al., On-policy Distillation with Verifiable Reward (GRPD), arXiv 2608.24696.
   """
   method = "grpd"
   teacher_logp, old_logp = _check_token_inputs(teacher_logp, old_logp, mask)

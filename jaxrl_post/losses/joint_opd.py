@@ -8,9 +8,9 @@ method-specific token advantage A^alg and ratio ρ^alg, built from
   c^(i)     = 1[R^(i) = 1]        (rollout i is correct)
   C(x)      = 1[Σ_j R^(j) = 0]    (every rollout of prompt x failed)
 
-The method itself (§4.2) is a hard switch, `opd_then_rl_advantages`: A = d_t for training steps
-1..S, Â afterwards. `auto_switch_step` is the spec's PROPOSAL for choosing S from the evaluation
-history. The joint baselines of Table 1 are in `JOINT_OPD_BASELINES` and run through
+The method itself is a hard switch, `opd_then_rl_advantages`: A = d_t for training steps
+1..S, Â afterwards. `auto_switch_step` is a PROPOSAL (not in the paper) for choosing S from
+the evaluation history. The joint baselines of Table 1 are in `JOINT_OPD_BASELINES` and run through
 `joint_opd_advantages(name, ...)`:
 
   name              ratio ρ^alg                   advantage A^alg
@@ -59,7 +59,7 @@ from jaxrl_post.registry import Registry
 
 JOINT_OPD_BASELINES: Registry = Registry("joint OPD baseline")
 
-# Table 1 settings (spec §4.3): β = 0.2 on K&K / Zebra, 0.02 on Countdown, on DeepMath 0.01
+# Table 1 settings: β = 0.2 on K&K / Zebra, 0.02 on Countdown, on DeepMath 0.01
 # (HDPO) and 0.002 (KDRL, KDRL-mask); TRRD α = 0.5; RLSD λ = 1.0, ε = 0.2.
 BETA = 0.2
 TRRD_ALPHA = 0.5
@@ -68,7 +68,7 @@ RLSD_EPSILON = 0.2
 ANNEAL_BETA_START = 0.2
 ANNEAL_BETA_END = 0.002
 
-# The PROPOSAL switch rule of spec §4.4.
+# The PROPOSAL switch rule (not in the paper; `auto_switch_step`).
 SWITCH_WINDOW = 3
 SWITCH_DELTA = 0.005  # 0.5 points of pass@1 when scores are fractions in [0, 1].
 SWITCH_BUDGET_FRACTION = 0.4
@@ -188,7 +188,7 @@ def opd_then_rl_advantages(
   switch_step: jax.Array | int,
   eos_mask: jax.Array | None = None,
 ) -> jax.Array:
-  """OPD-then-RL token advantages (§4.2): a hard switch from OPD to GRPO after step S.
+  """OPD-then-RL token advantages: a hard switch from OPD to GRPO after step S.
 
     A_t^(i) = d_t^(i) = log π_T − log π_θ   if step ≤ S      (sampled-token OPD)
             = Â^(i)                          otherwise         (GRPO, std-normalised)
@@ -221,7 +221,7 @@ def opd_then_rl_advantages(
 
   References:
     Li et al., Sequential Beats Joint: On the Interplay between On-Policy Distillation and
-    RLVR, arXiv 2609.04108, §4.2 (spec §4.2, §4.6).
+    RLVR, arXiv 2609.04108.
   """
   a, d, _, _ = _prepare(adv, teacher_logp, logp, mask, eos_mask)
   return jnp.where(jnp.asarray(step) <= jnp.asarray(switch_step), d, a)
@@ -235,10 +235,10 @@ def auto_switch_step(
   delta: float = SWITCH_DELTA,
   budget_fraction: float = SWITCH_BUDGET_FRACTION,
 ) -> int:
-  """The switch step S proposed by the evaluation history (PROPOSAL of spec §4.4).
+  """The switch step S proposed by the evaluation history (PROPOSAL: not in the paper).
 
   The paper gives no automatic criterion, only that switching before OPD's validation score
-  saturates caps the final accuracy. PROPOSAL (ours, spec §4.4): evaluate pass@1 every E steps
+  saturates caps the final accuracy. PROPOSAL (ours): evaluate pass@1 every E steps
   during OPD and switch at the first evaluation whose score improves on the best of the
   previous `window` evaluations by less than `delta`, or once `budget_fraction` of the step
   budget is spent, whichever comes first:
@@ -681,7 +681,7 @@ def joint_opd_advantages(
 
   References:
     Li et al., Sequential Beats Joint: On the Interplay between On-Policy Distillation and
-    RLVR, arXiv 2609.04108, Table 1 (spec §4.3).
+    RLVR, arXiv 2609.04108, Table 1.
   """
   key = str(name).strip().lower().replace("-", "_")
   if key not in JOINT_OPD_BASELINES:

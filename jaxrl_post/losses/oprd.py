@@ -1,4 +1,4 @@
-"""OPRD, On-Policy Reverse Distillation (arXiv 2609.08798, spec §2): a logit-space gradient fix.
+"""OPRD, On-Policy Reverse Distillation (arXiv 2609.08798): a logit-space gradient fix.
 
 A weak RL-trained teacher π_T and its own pre-RL reference π_T^ref define, at every prefix s_t,
 the direction in which RL moved the teacher. OPRD does not imitate the teacher: it keeps the
@@ -55,10 +55,10 @@ Where the support comes from. The direction needs teacher and teacher-reference 
 the support ids, scored before the student's loss runs, so in a trainer the "student top-10"
 comes from the policy that scored the rollout (`score(..., top_k=10).topk_ids` of the old
 policy), and the two frozen models score those ids as `candidate_ids`. On the first on-policy
-mini-batch this equals the spec's PROPOSAL (stop-gradient *current* logits, §2.5 (iv)); later
+mini-batch this equals a PROPOSAL, not in the paper (stop-gradient *current* logits); later
 mini-batches of the same rollout reuse the rollout-time support (our choice; the paper does not
 say which logits it uses). Centering runs over the valid support slots, not the whole
-vocabulary (spec PROPOSAL §2.5 (iii)); on the support, logits and log-probs give the same d.
+vocabulary (a PROPOSAL, not in the paper); on the support, logits and log-probs give the same d.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def oprd_support_from_logits(
     logits: jax.Array, tokens: jax.Array, *, k: int = TOP_K,
     token_mask: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
-  """`oprd_support` with the top-K of stop-gradient `logits` `[..., V]` (spec §2.5 (iv)).
+  """`oprd_support` with the top-K of stop-gradient `logits` `[..., V]`).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -197,8 +197,8 @@ def oprd_direction(
 
   δ = (lp_T − lp_Tref)[valid],  Δ = δ − mean_valid(δ),  d = Δ / max(‖Δ‖₂, ε);  0 on invalid slots
 
-  Centering over the valid support instead of the whole vocabulary is the spec's PROPOSAL
-  (§2.5 (iii)); it makes logits and log-probs interchangeable (each model's log-normaliser is a
+  Centering over the valid support instead of the whole vocabulary is a PROPOSAL (not in the
+  paper); it makes logits and log-probs interchangeable (each model's log-normaliser is a
   constant that centering removes). A position where the teacher did not move (Δ = 0) gets
   d = 0, i.e. no correction.
 
@@ -311,8 +311,7 @@ def oprd_transform(
     [-1.0, 0.5, 0.25, 0.25]
 
   References:
-    Park et al., On-Policy Reverse Distillation, arXiv 2609.08798, Eq. 2.5 and 2.8, §2.5 of the
-    spec (custom-VJP recipe).
+    Park et al., On-Policy Reverse Distillation, arXiv 2609.08798, Eq. 2.5 and 2.8.
   """
   logits = jnp.asarray(logits)
   support_ids = jnp.asarray(support_ids)

@@ -16,7 +16,7 @@ summed over all micro-batches and devices *before* dividing (not a mean of micro
 micro-batches (`jax.tree.map(jnp.add, a, b)`), `jax.lax.psum` them inside `shard_map` (or pass
 `axis_name`), or just call it under `jax.jit` on the global (sharded) batch.
 
-Scheduler (Eq. 11; spec §3.2):
+Scheduler (Eq. 11):
 
   D̄_k = β D̄_{k−1} + (1−β) D̂_k,     c_k = clip(((D̄_{k−1} + ε)/(D_ref + ε))^α, c_min, 1),
   c_1 = 1; the first valid step sets D_ref = D̄ = D̂ (D_ref is then frozen).
@@ -56,7 +56,7 @@ import jax.numpy as jnp
 
 from jaxrl_post.registry import Registry
 
-# Hyperparameters of arXiv 2609.08341 §3.3. The paper does not give ε: PROPOSAL 1e-8.
+# Hyperparameters of arXiv 2609.08341. The paper does not give ε: PROPOSAL 1e-8.
 ALPHA = 0.5
 BETA = 0.95
 C_MIN = 0.1
@@ -145,7 +145,7 @@ def tv_estimate(
 
   References:
     Xiao et al., TV-Regulated OPD: Direction Matters in On-Policy Distillation, arXiv 2609.08341,
-    Eq. 9–10 and the step statistic of §3.2 of the spec.
+    Eq. 9–10 and its token-pooled step statistic.
   """
   delta, valid = _delta(teacher_logp, logp, mask)
   d_hat = jnp.where(valid, -jnp.expm1(jnp.minimum(delta, 0.0)), 0.0)
@@ -211,7 +211,7 @@ def tv_opd_advance(
     (0.38, 0.9747)
 
   References:
-    Xiao et al., arXiv 2609.08341, Eq. 11 (spec §3.2, §3.4).
+    Xiao et al., arXiv 2609.08341, Eq. 11.
   """
   stats = TVStats(*(jnp.asarray(x, jnp.float32) for x in stats))
   d_hat = stats.mean()
@@ -279,7 +279,7 @@ def tv_opd_advantages(
 
   References:
     Xiao et al., TV-Regulated OPD: Direction Matters in On-Policy Distillation, arXiv 2609.08341,
-    Eq. 11 and Algorithm (spec §3.2–§3.4).
+    Eq. 11 and Algorithm.
   """
   delta, valid = _delta(teacher_logp, old_logp, mask)
   if stats is None:

@@ -2,7 +2,7 @@
 
   name              advantage (token level unless said)                         paper
   "grpo"            Â = group-normalised verifier reward (no teacher)            2402.03300
-  "opd"             d_t = lp_T − lp_old (sampled-token reverse-KL reward)         spec §1.7
+  "opd"             d_t = lp_T − lp_old (sampled-token reverse-KL reward)         2306.13649
   "tv_opd"          c_k·sign(d_t), c_k from the TV estimate; or an Eq. 7          2609.08341
                     ablation (`distill.tv_variant` raw / sign / group_constant /
                     permuted)
