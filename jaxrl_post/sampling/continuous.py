@@ -66,8 +66,9 @@ class ContinuousOutput(NamedTuple):
   finish_reason: jax.Array  # int32[rows]
   topk_ids: jax.Array | None  # int32[rows, max_new_tokens, K]
   topk_logp: jax.Array | None  # float32[rows, max_new_tokens, K]
-  steps: jax.Array  # int32[], decode steps run (each over all slots)
-  passes: jax.Array  # int32[], outer passes (changes of the cache length + 1)
+  # int32[] (int32[devices] from `sampler.jitted_continuous` under data parallelism):
+  steps: jax.Array  # decode steps run, each over all slots
+  passes: jax.Array  # outer passes (changes of the cache length + 1)
   slot: jax.Array  # int32[rows], the slot each row decoded in
   start_step: jax.Array  # int32[rows], decode steps run before the row entered
 

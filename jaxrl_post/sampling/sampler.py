@@ -315,9 +315,9 @@ class Sampler:
         slots are free (or as many as rows are left): small keeps fewer slots
         idle, large prefills in fewer, larger batches.
       return_stats: also return a dict with the decode `steps` (each over
-        all slots), the outer-loop `passes`, and per row (in the rollout's
-        order) its `slot` and `start_step` (decode steps run before it
-        entered).
+        all slots) and the outer-loop `passes` (ints; the most of any
+        device), and per row (in the rollout's order) its `slot` and
+        `start_step` (decode steps run before it entered, on its device).
       Others as in `generate`.
 
     Meshes: under pure data parallelism (the batch axes cover the mesh and
@@ -352,11 +352,18 @@ class Sampler:
       jnp.float32(temperature), jnp.float32(top_p), num_samples=n, num_slots=num_slots,
       admit_size=admit_size, max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy,
       num_logprobs=num_logprobs, pad_id=self.pad_id, **self._static)
+    if data:
+      # Every device's queue ends before anything else runs on the mesh: the
+      # rollout's slicing may need collectives, where a device that ended
+      # early would otherwise wait for the others (XLA:CPU aborts after 40 s).
+      out = jax.block_until_ready(out)
     rollout = self.make_rollout(batch, out, n_samples_per_prompt=n)
     if return_stats:
       rows = batch.num_prompts * n
-      return rollout, dict(steps=out.steps, passes=out.passes, slot=out.slot[:rows],
-                           start_step=out.start_step[:rows])
+      # Per device under data parallelism: the longest queue's counts.
+      return rollout, dict(steps=int(np.max(to_host(out.steps))),
+                           passes=int(np.max(to_host(out.passes))),
+                           slot=out.slot[:rows], start_step=out.start_step[:rows])
     return rollout
 
   def score(self, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
@@ -465,8 +472,11 @@ def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, tem
   Under pure data parallelism (as in `jitted_decode`) each device runs
   `continuous.generate` on its own prompts' rows with `num_slots / devices`
   slots inside `shard_map`: its queue is its rows (global numbers from
-  `first_row`, which name their keys), so no device waits for another
-  until the end (two maxima of the step counters).
+  `first_row`, which name their keys). The program has no collective at
+  all (the step counters come back per device, `int32[devices]`): the
+  devices' queues may take seconds apart, and on CPU a device waiting at a
+  collective for longer than XLA's rendezvous timeout (40 s) aborts the
+  process.
   """
   def run(tokens, mask, state, rng, num_rows, eos_ids, stop_ids, temperature, top_p, *,
           num_slots=num_slots, first_row=0):
@@ -490,14 +500,12 @@ def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, tem
     first_row = device * rows
     out = run(tokens, mask, state, rng, jnp.clip(num_rows - first_row, 0, rows), *rest,
               num_slots=local_slots, first_row=first_row)
-    return out._replace(steps=jax.lax.pmax(out.steps, data),
-                        passes=jax.lax.pmax(out.passes, data),
+    return out._replace(steps=out.steps[None], passes=out.passes[None],
                         slot=jnp.where(out.slot >= 0, out.slot + device * local_slots, -1))
 
   rows = PartitionSpec(data)
   top = rows if num_logprobs else None
-  out_specs = continuous.ContinuousOutput(rows, rows, rows, rows, top, top, PartitionSpec(),
-                                          PartitionSpec(), rows, rows)
+  out_specs = continuous.ContinuousOutput(rows, rows, rows, rows, top, top, rows, rows, rows, rows)
   # check_vma=False: as in `jitted_decode`, the loop carries mix per-device and
   # replicated values.
   return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows) + (PartitionSpec(),) * 7,
