@@ -53,7 +53,7 @@ def distill_config(arg) -> ml_collections.ConfigDict:
   # TV-OPD: "tv" is the method (c_k · sign Δ); the others are the Eq. 7 ablations.
   d.tv_variant = arg.tv_variant
   d.tv = ml_collections.ConfigDict(dict(alpha=0.5, beta=0.95, c_min=0.1, eps=1e-8))
-  # OPD-then-RL: the last OPD step S, or "auto" (PROPOSAL of the spec, §4.4).
+  # OPD-then-RL: the last OPD step S, or "auto" (`losses.auto_switch_step`; our PROPOSAL).
   d.switch_step = arg.switch
   d.switch = ml_collections.ConfigDict(dict(window=3, delta=0.005, budget_fraction=0.4))
   # Teacher-derived terms are 0 at the final EOS (teacher / student EOS differ in the paper;
