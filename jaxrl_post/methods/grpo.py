@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,42 @@ def global_records(data_iter, keys: Sequence[str] | None = None) -> list[dict[st
   keys = list(columns) if keys is None else list(keys)
   local = [{k: columns[k][i] for k in keys} for i in range(len(columns[keys[0]]))]
   return multihost.allgather_records(local)
+
+
+class PolicyObjective(NamedTuple):
+  """What a GRPO-family method's config picks: the loss, the advantage and the reward weights."""
+
+  loss_fn: Any  # (model, batch) -> (loss, aux), `training.objectives.make_policy_loss`
+  advantage_fn: Any  # `advantages.ADVANTAGES` entry
+  reward_names: list[str]  # the columns of the reward matrix, `config.reward_weights`' keys
+  reward_weights: jax.Array  # float32[len(reward_names)]
+
+
+def policy_objective(config, **loss_extra) -> PolicyObjective:
+  """`config.loss` / `config.advantage` / `config.reward_weights` → a `PolicyObjective`.
+
+  Checked here, before anything compiles: the loss and advantage names (a ValueError naming
+  the config keys) and that `ppo_mini_batches × num_micro_batches` divides the step's
+  `prompts_per_step × group_size` rollouts. `loss_extra` goes to `make_policy_loss` (e.g. a
+  method's `logits_transform`).
+  """
+  loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
+  # Dr.GRPO's fixed denominator is the generation budget, not the (trimmed) width.
+  loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
+  try:
+    loss_fn = make_policy_loss(policy_loss=config.loss.name, temperature=config.temperature,
+                               **loss_extra, **loss_kwargs)
+    advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
+  except KeyError as e:
+    raise ValueError(f"config.loss.name / config.advantage: {e}") from None
+  rollouts = config.prompts_per_step * config.group_size
+  if rollouts % (config.ppo_mini_batches * config.num_micro_batches):
+    raise ValueError(f"config.ppo_mini_batches ({config.ppo_mini_batches}) × "
+                     f"config.num_micro_batches ({config.num_micro_batches}) must divide the "
+                     f"{rollouts} rollouts per step (prompts_per_step × group_size)")
+  names = list(config.reward_weights)
+  weights = jnp.asarray([config.reward_weights[k] for k in names], jnp.float32)
+  return PolicyObjective(loss_fn, advantage_fn, names, weights)
 
 
 def task_loader(config, task, batch_size: int) -> task_data.ShardedLoader:
@@ -105,23 +141,8 @@ class GRPO:
     config = self.config
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
-    loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
-    # Dr.GRPO's fixed denominator is the generation budget, not the (trimmed) width.
-    loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
-    try:
-      self.loss_fn = make_policy_loss(policy_loss=config.loss.name,
-                                      temperature=config.temperature, **loss_kwargs)
-      self.advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
-    except KeyError as e:
-      raise ValueError(f"config.loss.name / config.advantage: {e}") from None
-    rollouts = config.prompts_per_step * config.group_size
-    if rollouts % (config.ppo_mini_batches * config.num_micro_batches):
-      raise ValueError(f"config.ppo_mini_batches ({config.ppo_mini_batches}) × "
-                       f"config.num_micro_batches ({config.num_micro_batches}) must divide the "
-                       f"{rollouts} rollouts per step (prompts_per_step × group_size)")
-    self.reward_names = list(config.reward_weights)
-    self.reward_weights = jnp.asarray([config.reward_weights[k] for k in self.reward_names],
-                                      jnp.float32)
+    (self.loss_fn, self.advantage_fn, self.reward_names,
+     self.reward_weights) = policy_objective(config)
     self.model = model
     return model
 

@@ -53,10 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from jaxrl_post import advantages as advantages_lib
 from jaxrl_post import losses
 from jaxrl_post.losses import joint_opd as joint_lib
-from jaxrl_post.methods.grpo import TaskEvaluator, global_records, task_loader
+from jaxrl_post.methods.grpo import TaskEvaluator, global_records, policy_objective, task_loader
 from jaxrl_post.methods.opd import load_teachers
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
@@ -66,7 +65,6 @@ from jaxrl_post.sampling import FINISH_EOS, Sampler, rollout_metrics
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import StartPoint, resolve_start
-from jaxrl_post.training.objectives import make_policy_loss
 from jaxrl_post.training.train_state import make_train_step
 
 ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
@@ -310,24 +308,9 @@ class OPDFamily:
     config, spec = self.config, self.spec
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
-    loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
-    loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
     oprd = dict(logits_transform=_oprd_chunk_transform, transform_keys=OPRD_KEYS)
-    try:
-      self.loss_fn = make_policy_loss(policy_loss=config.loss.name,
-                                      temperature=config.temperature,
-                                      **(oprd if spec.kind == "oprd" else {}), **loss_kwargs)
-      self.advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
-    except KeyError as e:
-      raise ValueError(f"config.loss.name / config.advantage: {e}") from None
-    rollouts = config.prompts_per_step * config.group_size
-    if rollouts % (config.ppo_mini_batches * config.num_micro_batches):
-      raise ValueError(f"config.ppo_mini_batches ({config.ppo_mini_batches}) × "
-                       f"config.num_micro_batches ({config.num_micro_batches}) must divide the "
-                       f"{rollouts} rollouts per step (prompts_per_step × group_size)")
-    self.reward_names = list(config.reward_weights)
-    self.reward_weights = jnp.asarray([config.reward_weights[k] for k in self.reward_names],
-                                      jnp.float32)
+    (self.loss_fn, self.advantage_fn, self.reward_names,
+     self.reward_weights) = policy_objective(config, **(oprd if spec.kind == "oprd" else {}))
     # Teachers are located and their vocabularies checked here, before anything compiles.
     self.teacher_starts = {}
     wanted = ([("teacher", config.distill.teacher)] if spec.needs_teacher else []) + (
