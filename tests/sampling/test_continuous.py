@@ -8,7 +8,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_post import parallel
-from jaxrl_post.models import CausalLM, get_model_config, stack_layer_params
+from jaxrl_post.models import CausalLM, stack_layer_params
 from jaxrl_post.models.transformer import slice_slots, update_slots
 from jaxrl_post.parallel import host
 from jaxrl_post.parallel.mesh import REPLICATED_RULES
@@ -17,18 +17,6 @@ from jaxrl_post.sampling.sampler import jitted_continuous
 
 VOCAB = 32
 EOS, STOP = 2, 7
-
-
-@pytest.fixture(scope="module")
-def model():
-  # As in test_sampler.py: a small vocabulary and a peaked next-token
-  # distribution, so that EOS (id 2) and the stop token (id 7) end rows at
-  # many different lengths.
-  config = get_model_config("tiny", vocab_size=VOCAB, family="qwen3", qk_norm=True)
-  model = CausalLM(config, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  state = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, state)
-  return nnx.merge(graphdef, state)
 
 
 @pytest.fixture(scope="module")

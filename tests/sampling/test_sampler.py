@@ -31,17 +31,6 @@ VOCAB = 32
 
 
 @pytest.fixture(scope="module")
-def model():
-  # A small vocabulary makes distribution tests cheap; larger init scale makes
-  # the next-token distribution far from uniform, so a wrong one is visible.
-  config = get_model_config("tiny", vocab_size=VOCAB, family="qwen3", qk_norm=True)
-  model = CausalLM(config, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  state = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, state)
-  return nnx.merge(graphdef, state)
-
-
-@pytest.fixture(scope="module")
 def sampler(model):
   return Sampler(model, max_prompt_len=32, eos_ids=[])
 
