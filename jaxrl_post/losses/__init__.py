@@ -3,8 +3,9 @@
 Arrays in, `(loss, aux)` out; no models or configs. Variants are picked by name through
 `POLICY_LOSSES`, `KL_ESTIMATORS`, `LOSS_AGG_MODES` and `OPD_REWARDS`; the on-policy
 distillation family's advantages and transforms through `TV_OPD_ADVANTAGES`,
-`JOINT_OPD_BASELINES` and `GATED_OPD_ADVANTAGES` (OPRD's gradient correction is
-`oprd_transform`).
+`JOINT_OPD_BASELINES`, `GATED_OPD_ADVANTAGES` and `REFLECT_KERNELS` (OPRD's gradient
+correction is `oprd_transform`, OCSD's advantage `ocsd_advantages`, ICE's distillation term
+`ice_filtered_forward_kl`).
 """
 
 from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
@@ -48,6 +49,12 @@ from jaxrl_post.losses.gated_opd import opdvr_gate as opdvr_gate
 from jaxrl_post.losses.gated_opd import opdvr_inverse_advantages as opdvr_inverse_advantages
 from jaxrl_post.losses.gated_opd import teacher_gate as teacher_gate
 from jaxrl_post.losses.gated_opd import tgopd_advantages as tgopd_advantages
+from jaxrl_post.losses.ice import ICE_BETA as ICE_BETA
+from jaxrl_post.losses.ice import ICEKLAux as ICEKLAux
+from jaxrl_post.losses.ice import assign_contexts as assign_contexts
+from jaxrl_post.losses.ice import correct_token_weights as correct_token_weights
+from jaxrl_post.losses.ice import ice_filtered_forward_kl as ice_filtered_forward_kl
+from jaxrl_post.losses.ice import ice_nll_surrogate as ice_nll_surrogate
 from jaxrl_post.losses.joint_opd import JOINT_OPD_BASELINES as JOINT_OPD_BASELINES
 from jaxrl_post.losses.joint_opd import JointOPDTerms as JointOPDTerms
 from jaxrl_post.losses.joint_opd import annealed_beta as annealed_beta
@@ -68,6 +75,13 @@ from jaxrl_post.losses.kl import k2 as k2
 from jaxrl_post.losses.kl import k3 as k3
 from jaxrl_post.losses.kl import kl_estimate as kl_estimate
 from jaxrl_post.losses.kl import kl_reward_penalty as kl_reward_penalty
+from jaxrl_post.losses.ocsd import OCSD_BETA as OCSD_BETA
+from jaxrl_post.losses.ocsd import OCSD_RHO as OCSD_RHO
+from jaxrl_post.losses.ocsd import StepStats as StepStats
+from jaxrl_post.losses.ocsd import observation_calibration as observation_calibration
+from jaxrl_post.losses.ocsd import ocsd_advantages as ocsd_advantages
+from jaxrl_post.losses.ocsd import select_uncertain_steps as select_uncertain_steps
+from jaxrl_post.losses.ocsd import step_uncertainty as step_uncertainty
 from jaxrl_post.losses.oprd import OPRDLambda as OPRDLambda
 from jaxrl_post.losses.oprd import oprd_direction as oprd_direction
 from jaxrl_post.losses.oprd import oprd_lambda as oprd_lambda
@@ -82,6 +96,11 @@ from jaxrl_post.losses.policy import gspo_token_loss as gspo_token_loss
 from jaxrl_post.losses.policy import policy_loss as policy_loss
 from jaxrl_post.losses.policy import sampler_importance_weights as sampler_importance_weights
 from jaxrl_post.losses.policy import sapo_loss as sapo_loss
+from jaxrl_post.losses.reflect_rl import REFLECT_KERNELS as REFLECT_KERNELS
+from jaxrl_post.losses.reflect_rl import reflective_count as reflective_count
+from jaxrl_post.losses.reflect_rl import reflective_fraction as reflective_fraction
+from jaxrl_post.losses.reflect_rl import reflective_rows as reflective_rows
+from jaxrl_post.losses.reflect_rl import truncate_negative as truncate_negative
 from jaxrl_post.losses.tv_opd import TV_OPD_ADVANTAGES as TV_OPD_ADVANTAGES
 from jaxrl_post.losses.tv_opd import TVOPDState as TVOPDState
 from jaxrl_post.losses.tv_opd import TVStats as TVStats
