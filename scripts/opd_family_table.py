@@ -1,0 +1,206 @@
+r"""Table and plots of a scripts/opd_family_grid.sh root (the OPD-family comparison grid).
+
+  python scripts/opd_family_table.py --root=/tmp/ofg --out=/tmp/ofg/table.md --plots=docs
+
+Reads `<root>/runs/<method>_<teacher>/seed<s>` (teacher S = strong, W = weak, none), the
+teachers' own runs (`<root>/quickstart/grpo`, `<root>/weak`) and the student's step-0
+evaluation, and writes one row per method × teacher:
+
+  * held-out greedy accuracy at the last step, mean ± std over seeds;
+  * its gain over the student (step 0 of the same run), paired over the same prompts, mean
+    over seeds, and the mean of the per-seed paired standard errors;
+  * the paired difference to GRPO of the same seed at the last step (same prompts, same data
+    order), mean ± std over seeds, and how many seeds it is > 0;
+  * the accuracy at the mid-budget evaluation (the speed of the climb);
+  * method diagnostics: TV-OPD's coefficient c_k at the first and last step, the mean
+    |advantage|, minutes per run.
+
+Plots: `opd_family_accuracy.png` (held-out accuracy over steps, mean over seeds, per row) and
+`opd_family_tv.png` (TV-OPD's c_k and TV estimate over steps, per seed).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import flags  # noqa: E402
+
+from jaxrl_post import script_flags  # noqa: E402
+from jaxrl_post.training.evaluation import paired_gain  # noqa: E402
+from jaxrl_post.training.metrics import read_eval_outcomes, read_metrics  # noqa: E402
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_ROOT = flags.DEFINE_string("root", None, "the grid's root directory", flag_values=FLAGS,
+                            required=True)
+_OUT = flags.DEFINE_string("out", None, "markdown table file (printed either way)",
+                           flag_values=FLAGS)
+_PLOTS = flags.DEFINE_string("plots", None, "directory for the plots", flag_values=FLAGS)
+
+TEACHERS = {"S": "strong", "W": "weak", "none": "—"}
+ACC = "eval/accuracy"
+
+
+def _values(records, key):
+  return [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+
+
+def _fmt(values, digits=3, scale=1.0, sign=False):
+  values = np.asarray([v for v in values if np.isfinite(v)], np.float64) * scale
+  if not values.size:
+    return "—"
+  spec = f"{'+' if sign else ''}.{digits}f"
+  if values.size == 1:
+    return format(values[0], spec)
+  return f"{format(values.mean(), spec)} ± {values.std(ddof=1):.{digits}f}"
+
+
+def _runtime(run: Path) -> float:
+  done = run / "DONE"
+  try:
+    return float(done.read_text())
+  except (OSError, ValueError):
+    return float("nan")
+
+
+def collect(root: Path) -> dict:
+  """Every finished run of the grid: `{row: {seed: {"records", "outcomes", "minutes"}}}`."""
+  rows: dict[str, dict[int, dict]] = {}
+  for row_dir in sorted(p for p in (root / "runs").glob("*") if p.is_dir()):
+    seeds = {}
+    for run in row_dir.glob("seed*"):
+      if (run / "DONE").exists():
+        seeds[int(run.name[4:])] = {"records": read_metrics(run),
+                                    "outcomes": read_eval_outcomes(run),
+                                    "minutes": _runtime(run) / 60}
+    if seeds:
+      rows[row_dir.name] = dict(sorted(seeds.items()))
+  teachers = {}
+  for name, path in (("strong", root / "quickstart" / "grpo"), ("weak", root / "weak")):
+    acc = _values(read_metrics(path), ACC) if path.exists() else []
+    teachers[name] = acc[-1][1] if acc else float("nan")
+  return {"rows": rows, "teachers": teachers}
+
+
+def _label(row: str) -> tuple[str, str]:
+  method, _, teacher = row.rpartition("_")
+  return method.replace("joint_", "joint:"), TEACHERS.get(teacher, teacher)
+
+
+def _last_step(outcomes) -> int:
+  return max(outcomes)
+
+
+def table(data: dict) -> str:
+  rows = data["rows"]
+  grpo = rows.get("grpo_none", {})
+  head = ("| method | teacher | seeds | greedy acc. (last) | gain over student (paired SE) | "
+          "− GRPO, paired (seeds > 0) | acc. at mid budget | c_k first → last | "
+          "mean abs adv | min per run |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  student = [s["outcomes"][0]["greedy_correct"].mean() for r in rows.values() for s in r.values()
+             if 0 in s["outcomes"]]
+  for row, seeds in rows.items():
+    method, teacher = _label(row)
+    last, gains, ses, vs_grpo, mid, c_first, c_last, adv = ([] for _ in range(8))
+    for seed, run in seeds.items():
+      out = run["outcomes"]
+      end = _last_step(out)
+      last.append(float(np.mean(out[end]["greedy_correct"])))
+      if 0 in out:
+        gain, se = paired_gain(out[0]["greedy_correct"], out[end]["greedy_correct"])
+        gains.append(gain)
+        ses.append(se)
+      if row != "grpo_none" and seed in grpo:
+        g_out = grpo[seed]["outcomes"]
+        vs_grpo.append(paired_gain(g_out[_last_step(g_out)]["greedy_correct"],
+                                   out[end]["greedy_correct"])[0])
+      evals = _values(run["records"], ACC)
+      middle = [v for s, v in evals if 0 < s < end]
+      mid.append(middle[0] if middle else float("nan"))
+      coef = _values(run["records"], "distill/tv_coef")
+      if coef:
+        c_first.append(coef[0][1])
+        c_last.append(coef[-1][1])
+      adv.append(float(np.mean([v for _, v in _values(run["records"], "distill/adv_abs_mean")]
+                               or [np.nan])))
+    wins = f" ({sum(v > 0 for v in vs_grpo)}/{len(vs_grpo)})" if vs_grpo else ""
+    coef_cell = f"{_fmt(c_first)} → {_fmt(c_last)}" if c_first else ""
+    lines.append(
+      f"| {method} | {teacher} | {len(seeds)} | {_fmt(last)} | "
+      f"{_fmt(gains, 1, 100, sign=True)} ({_fmt(ses, 1, 100)}) | "
+      f"{_fmt(vs_grpo, 1, 100, sign=True) + wins if vs_grpo else ''} | {_fmt(mid)} | "
+      f"{coef_cell} | {_fmt(adv, 3)} | {_fmt([s['minutes'] for s in seeds.values()], 1)} |")
+  t = data["teachers"]
+  lines.append("")
+  lines.append(f"Student (step 0, greedy): {_fmt(student[:1])}; strong teacher "
+               f"{t['strong']:.3f}; weak teacher {t['weak']:.3f} (held-out greedy accuracy, "
+               "each on its own run's evaluation set of the same size).")
+  return "\n".join(lines) + "\n"
+
+
+def _curve(seeds: dict, key: str):
+  by_step = defaultdict(list)
+  for run in seeds.values():
+    for step, value in _values(run["records"], key):
+      by_step[step].append(value)
+  steps = sorted(by_step)
+  return steps, [float(np.mean(by_step[s])) for s in steps]
+
+
+def plots(data: dict, out_dir: Path) -> None:
+  out_dir.mkdir(parents=True, exist_ok=True)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+  for row, seeds in data["rows"].items():
+    method, teacher = _label(row)
+    ax = axes[1] if teacher == "weak" else axes[0]
+    steps, values = _curve(seeds, ACC)
+    ax.plot(steps, values, marker="o", label=method, linestyle="--" if method == "grpo" else "-")
+    if method == "grpo":  # the baseline on both panels
+      axes[1].plot(steps, values, marker="o", label=method, linestyle="--")
+  for ax, (title, teacher) in zip(axes, (("strong teacher (and GRPO)", "strong"),
+                                         ("weak teacher (and GRPO)", "weak"))):
+    ax.axhline(data["teachers"][teacher], color="k", linewidth=1, linestyle=":",
+               label=f"{teacher} teacher")
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+  axes[0].set_ylabel("held-out greedy accuracy (mean over seeds)")
+  fig.tight_layout()
+  fig.savefig(out_dir / "opd_family_accuracy.png", dpi=110)
+  plt.close(fig)
+
+  tv = data["rows"].get("tv_opd_S")
+  if tv:
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for seed, run in tv.items():
+      for ax, key in zip(axes, ("distill/tv_coef", "distill/tv_estimate")):
+        steps, values = zip(*_values(run["records"], key)) if _values(run["records"], key) else (
+          (), ())
+        ax.plot(steps, values, label=f"seed {seed}")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "opd_family_tv.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  data = collect(Path(_ROOT.value))
+  text = table(data)
+  print(text)
+  if _OUT.value:
+    Path(_OUT.value).write_text(text)
+  if _PLOTS.value:
+    plots(data, Path(_PLOTS.value))
+
+
+if __name__ == "__main__":
+  script_flags.run(main, FLAGS)
