@@ -127,6 +127,58 @@ class TaskEvaluator:
     return {f"eval/{k}": v for k, v in evaluation.metrics.items()}
 
 
+class PolicyRuntime(NamedTuple):
+  """The compiled pieces every GRPO-family method starts with (`policy_runtime`)."""
+
+  step_fn: Any  # `make_train_step` of the method's loss on the trainer's mesh
+  sampler: Sampler  # rollouts, on the sampler's mesh
+  scorer: Sampler  # old-policy / reference / teacher log-probs, on the trainer's mesh
+  evaluator: TaskEvaluator  # held-out accuracy with the sampler's layout of the parameters
+
+
+def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn) -> PolicyRuntime:
+  """Builds the train step, the sampler, the scorer and the evaluator of a policy method.
+
+  Old-policy, reference and teacher log-probs are scored by the trainer, on its mesh and in its
+  layout: `old_logp` then comes from the same parameters and sharding as the update's forward
+  pass (the first PPO ratio is 1 up to float noise), and `rollout/logp_*` measure the
+  sampler / trainer mismatch they are meant to.
+  """
+  placement = run.placement
+  step_fn = make_train_step(run.graphdef, loss_fn, run.optimizer,
+                            num_micro_batches=config.num_micro_batches,
+                            mesh=run.train_mesh, rules=run.train_rules,
+                            shared=("num_tokens", "num_sequences"))
+  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len,
+                    mesh=placement.sample_mesh, rules=placement.sample_rules)
+  scorer = Sampler(model, tokenizer, max_prompt_len=config.prompt_len, mesh=run.train_mesh,
+                   rules=run.train_rules)
+  evaluator = TaskEvaluator(run, task, sampler, max_new_tokens=config.max_new_tokens,
+                            pass_k=config.eval_pass_k, temperature=config.temperature,
+                            timeout_s=config.reward_timeout_s)
+  return PolicyRuntime(step_fn, sampler, scorer, evaluator)
+
+
+def sample_groups(runtime: PolicyRuntime, params, prompts: Sequence[str], config, rng,
+                  timings: dict[str, float], *, n_samples: int | None = None):
+  """`n_samples` (default `config.group_size`) completions per prompt with the sampler's copy
+  of `params`; adds `time/reshard` and `time/generate` to `timings`.
+
+  The copy is a re-layout in place when colocated, a device-to-device copy when disaggregated;
+  it may alias the trainer's parameters, which the update donates, so it is made afresh each
+  step.
+  """
+  params, timings["time/reshard"] = runtime.evaluator.sampler_params(params)
+  tic = time.perf_counter()
+  rollout = runtime.sampler.generate(
+    params, list(prompts), n_samples_per_prompt=n_samples or config.group_size,
+    max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
+    top_p=config.top_p, rng=rng)
+  rollout.completion_tokens.block_until_ready()
+  timings["time/generate"] = time.perf_counter() - tic
+  return rollout
+
+
 class GRPO:
   """GRPO-family RL on `config.task` (configs/grpo_*.py); a `training.loop.Method`."""
 
@@ -147,30 +199,16 @@ class GRPO:
     return model
 
   def start(self, run: loop.Run, state) -> None:
-    config, placement = self.config, run.placement
+    config = self.config
     self.run = run
-    self.step_fn = make_train_step(run.graphdef, self.loss_fn, run.optimizer,
-                                   num_micro_batches=config.num_micro_batches,
-                                   mesh=run.train_mesh, rules=run.train_rules,
-                                   shared=("num_tokens", "num_sequences"))
+    self.runtime = policy_runtime(run, config, self.model, self.tokenizer, self.task,
+                                  self.loss_fn)
+    self.step_fn, self.sampler, self.scorer, self.evaluator = self.runtime
     # Without a KL term (β = 0, the default) no reference is kept: a frozen copy would cost a
     # whole model of device memory for nothing. It is the starting policy, in the trainer's
     # layout, also after a restart.
     self.reference = (jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None)
     self.data_iter = iter(task_loader(config, self.task, config.prompts_per_step))
-    model = self.model
-    self.sampler = Sampler(model, self.tokenizer, max_prompt_len=config.prompt_len,
-                           mesh=placement.sample_mesh, rules=placement.sample_rules)
-    # Old-policy and reference log-probs are scored by the trainer, on its mesh and in its
-    # layout: `old_logp` then comes from the same parameters and sharding as the update's
-    # forward pass (the first PPO ratio is 1 up to float noise), and `rollout/logp_*` measure
-    # the sampler / trainer mismatch they are meant to.
-    self.scorer = Sampler(model, self.tokenizer, max_prompt_len=config.prompt_len,
-                          mesh=run.train_mesh, rules=run.train_rules)
-    self.evaluator = TaskEvaluator(run, self.task, self.sampler,
-                                   max_new_tokens=config.max_new_tokens,
-                                   pass_k=config.eval_pass_k, temperature=config.temperature,
-                                   timeout_s=config.reward_timeout_s)
     self.rng = jax.random.key(config.seed + 1)
 
   def state_dict(self) -> dict[str, Any]:
@@ -182,18 +220,8 @@ class GRPO:
 
   def rollout(self, state, records, step: int, timings: dict[str, float]):
     """`group_size` completions per record, sampled with the sampler's copy of the policy."""
-    config = self.config
-    # A re-layout in place when colocated, a device-to-device copy when disaggregated; it may
-    # alias `state.params`, which the update donates, so it is made afresh each step.
-    params, timings["time/reshard"] = self.evaluator.sampler_params(state.params)
-    tic = time.perf_counter()
-    rollout = self.sampler.generate(
-      params, [r["prompt"] for r in records], n_samples_per_prompt=config.group_size,
-      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-      top_k=config.top_k, top_p=config.top_p, rng=jax.random.fold_in(self.rng, step))
-    rollout.completion_tokens.block_until_ready()
-    timings["time/generate"] = time.perf_counter() - tic
-    return rollout
+    return sample_groups(self.runtime, state.params, [r["prompt"] for r in records],
+                         self.config, jax.random.fold_in(self.rng, step), timings)
 
   def score(self, params, inputs) -> jax.Array:
     return self.scorer.score(params, **inputs, temperature=self.config.temperature,

@@ -55,17 +55,22 @@ from absl import logging
 
 from jaxrl_post import losses
 from jaxrl_post.losses import joint_opd as joint_lib
-from jaxrl_post.methods.grpo import TaskEvaluator, global_records, policy_objective, task_loader
+from jaxrl_post.methods.grpo import (
+  global_records,
+  policy_objective,
+  policy_runtime,
+  sample_groups,
+  task_loader,
+)
 from jaxrl_post.methods.opd import load_teachers
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.rewards.verifiers import rewards_for
-from jaxrl_post.sampling import FINISH_EOS, Sampler, rollout_metrics
+from jaxrl_post.sampling import FINISH_EOS, rollout_metrics
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import StartPoint, resolve_start
-from jaxrl_post.training.train_state import make_train_step
 
 ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
 GATED = tuple(losses.GATED_OPD_ADVANTAGES.names())
@@ -327,10 +332,9 @@ class OPDFamily:
   def start(self, run: loop.Run, state) -> None:
     config, placement = self.config, run.placement
     self.run = run
-    self.step_fn = make_train_step(run.graphdef, self.loss_fn, run.optimizer,
-                                   num_micro_batches=config.num_micro_batches,
-                                   mesh=run.train_mesh, rules=run.train_rules,
-                                   shared=("num_tokens", "num_sequences"))
+    self.runtime = policy_runtime(run, config, self.model, self.tokenizer, self.task,
+                                  self.loss_fn)
+    self.step_fn, self.sampler, self.scorer, self.evaluator = self.runtime
     # Frozen teachers in the trainer's layout (restored into the born-sharded student state).
     self.frozen = {}
     for key, start in self.teacher_starts.items():
@@ -342,15 +346,6 @@ class OPDFamily:
     logging.info("%s: frozen models %s", self.name,
                  {k: str(s.path) for k, s in self.teacher_starts.items()})
     self.data_iter = iter(task_loader(config, self.task, config.prompts_per_step))
-    self.sampler = Sampler(self.model, self.tokenizer, max_prompt_len=config.prompt_len,
-                           mesh=placement.sample_mesh, rules=placement.sample_rules)
-    # Old policy and frozen models are scored by the trainer, on its mesh (first ratio = 1).
-    self.scorer = Sampler(self.model, self.tokenizer, max_prompt_len=config.prompt_len,
-                          mesh=run.train_mesh, rules=run.train_rules)
-    self.evaluator = TaskEvaluator(run, self.task, self.sampler,
-                                   max_new_tokens=config.max_new_tokens,
-                                   pass_k=config.eval_pass_k, temperature=config.temperature,
-                                   timeout_s=config.reward_timeout_s)
     self.probe_params = None
     if self.spec.baseline == "tgopd":  # the teacher samples its probes with the sampler
       self.probe_params = reshard_state(self.frozen["teacher"], placement.sample_mesh,
@@ -498,15 +493,9 @@ class OPDFamily:
     config, spec = self.config, self.spec
     timings: dict[str, float] = {}
     records = global_records(self.data_iter)
-    # 1-2. Rollouts with the sampler's copy of the policy (made afresh: the update donates).
-    params, timings["time/reshard"] = self.evaluator.sampler_params(state.params)
-    tic = time.perf_counter()
-    rollout = self.sampler.generate(
-      params, [r["prompt"] for r in records], n_samples_per_prompt=config.group_size,
-      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-      top_k=config.top_k, top_p=config.top_p, rng=jax.random.fold_in(self.rng, step))
-    rollout.completion_tokens.block_until_ready()
-    timings["time/generate"] = time.perf_counter() - tic
+    # 1-2. Rollouts with the sampler's copy of the policy.
+    rollout = sample_groups(self.runtime, state.params, [r["prompt"] for r in records], config,
+                            jax.random.fold_in(self.rng, step), timings)
 
     # 3. Verifier rewards and the GRPO advantage Â.
     correct, fmt, failures = rewards_for(self.task, records, self.sampler.decode_text(rollout),
