@@ -17,9 +17,10 @@ A config declares its sweep next to `get_config` (big_vision's convention):
 Each `add(**overrides)` is one run:
   python experiments/<binary>.py --config=<file>:<arg> --workdir=<workdir>/<name> \
       --config.<key>=<value> ...
-The binary is the config file's prefix (`grpo_arith.py` → `experiments/grpo.py`)
-unless `--binary` names one. A run's name numbers it and spells its overrides
-(`003_loss.name=gspo_optimizer.lr=2e-05`), so workdirs say what they hold.
+The binary is `experiments/<config file's name>.py` when there is one (`opd_family.py`), else
+the name's prefix (`grpo_arith.py` → `experiments/grpo.py`), unless `--binary` names one.
+A run's name numbers it and spells its overrides (`003_loss.name=gspo_optimizer.lr=2e-05`), so
+workdirs say what they hold.
 Extra arguments after `--` are appended to every command, e.g. `-- --config.steps=5` (absl
 passes on every word that is not a flag, so the `--` is what keeps `--config.*` words for the
 runs).
@@ -92,8 +93,13 @@ def run_name(index: int, overrides: dict) -> str:
 
 
 def binary_for(config_path: str) -> str:
-  """`configs/grpo_arith.py` → `experiments/grpo.py` (the prefix names the algorithm)."""
-  return f"experiments/{Path(config_path).stem.split('_')[0]}.py"
+  """The binary of a config: `experiments/<stem>.py` when it exists (`configs/opd_family.py` →
+  `experiments/opd_family.py`), else the prefix names the algorithm (`configs/grpo_arith.py` →
+  `experiments/grpo.py`)."""
+  stem = Path(config_path).stem
+  if (ROOT / "experiments" / f"{stem}.py").exists():
+    return f"experiments/{stem}.py"
+  return f"experiments/{stem.split('_')[0]}.py"
 
 
 def commands(config: str, workdir: str, *, binary: str | None = None, launcher: str = "",

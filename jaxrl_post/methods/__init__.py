@@ -11,6 +11,8 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
   opd_family  the on-policy distillation family on one loop, by `config.distill.method`:
               OPD, TV-OPD (2609.08341), OPD-then-RL + its joint baselines (2609.04108),
               TGOPD (2609.02998), OPDVR / GRPD (2608.24696), OPRD (2609.08798), GRPO
+  reflect_rl  ReflectRL (arXiv 2608.03972): groups mixing reflective prompts (a golden negative
+              trajectory to correct) and direct ones; its OPD variant (Eq. 11)
   rtpo        multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO
   perception  dense detection SFT + set-reward GRPO (Falcon Perception-HD, arXiv 2608.18881)
   pcqa        point-cloud quality assessment (PCQA-R1, arXiv 2608.18627)

@@ -34,6 +34,11 @@ solution, its final answer included, follows from the slip. Prompts, answers and
 unchanged, so a model imitating the teacher inherits its slips and only the reward can remove
 them: a test bed for "RL exceeds its demonstrations" (SFT numbers in docs/results.md).
 
+`ArithmeticTask.golden_negative(record)` is this task's Golden Negative Trajectory (GNT,
+ReflectRL, arXiv 2608.03972): the worked solution with exactly one carry or borrow dropped, so
+a long valid prefix, one local error and a wrong final answer; None when the problem has no
+carry or borrow whose loss changes the answer.
+
 Reward: `correct` is 1 when the final line `#### <integer>` equals the value; `format` is 1 when
 the completion ends with exactly one such line (see `base.final_answer`).
 """
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -112,6 +118,48 @@ class ArithmeticTask(base.Task):
       return base.Reward(0.0, 0.0)
     return base.Reward(float(given == int(record["answer"])), 1.0)
 
+  def golden_negative(self, record: Mapping[str, Any], *, seed: int | None = None) -> str | None:
+    """A golden negative trajectory o⁻ for `record` (ReflectRL, arXiv 2608.03972): the exact
+    worked solution with exactly one carry / borrow / product carry dropped, in the format of
+    `demonstration` (steps, then `#### <wrong answer>`).
+
+    Its lines before the slip equal the correct solution's, the slipped column's line
+    differs from that column on, and the rest follows correctly from the slip, so the final
+    answer is wrong: the miniature of a strong model's answer-wrong trace with a local error.
+
+    Args:
+      record: a record of this task (its `meta` holds the expression); `demo_slip` and the
+        record's own demonstration play no part.
+      seed: None drops the first carry (in the order the solution meets them); an int drops
+        one chosen by `random.Random(seed)`. Either way, a slip that leaves the final answer
+        right (a wrong product later multiplied by 0, say) is passed over for the next one.
+
+    Returns:
+      The trajectory's text, or None when no single dropped carry makes the answer wrong (no
+      carry or borrow at all: then the prompt has no golden negative).
+
+    Examples:
+      >>> task = ArithmeticTask()
+      >>> record = {"meta": '{"expression":"47+38"}'}
+      >>> print(task.golden_negative(record))
+      47+38: 7+8+0=15, 4+3+0=7
+      47+38=75
+      #### 75
+      >>> task.golden_negative({"meta": '{"expression":"12+34"}'}) is None
+      True
+    """
+    operands, operators = _parse(base.parse_meta(record)["expression"])
+    value, _ = _worked_solution(operands, operators)
+    carries = _count_slip_points(operands, operators)
+    order = list(range(carries))
+    if seed is not None:
+      random.Random(seed).shuffle(order)
+    for k in order:
+      shown, steps = _worked_solution(operands, operators, _slip_at(k))
+      if shown != value:
+        return "\n".join([*steps, f"{base.FINAL_ANSWER_MARKER} {shown}"])
+    return None
+
   def _draw_operand(self, rng: random.Random) -> int:
     digits = rng.randint(self.min_digits, self.max_digits)
     # One-digit operands include 0; longer ones have no leading zero.
@@ -127,6 +175,41 @@ def _render(operands: list[int], operators: list[str]) -> str:
 
 
 Slip = Callable[[], bool] | None  # True: drop this carry / borrow (a sloppy teacher)
+
+
+def _parse(expression: str) -> tuple[list[int], list[str]]:
+  """`"12+345*26"` → `([12, 345, 26], ["+", "*"])` (operands are non-negative: no unary minus)."""
+  parts = re.split(r"([+\-*])", expression)
+  return [int(x) for x in parts[0::2]], parts[1::2]
+
+
+def _count_slip_points(operands: list[int], operators: list[str]) -> int:
+  """How many non-zero carries / borrows the exact worked solution meets (each a possible slip)."""
+  calls = 0
+
+  def count() -> bool:
+    nonlocal calls
+    calls += 1
+    return False
+
+  _worked_solution(operands, operators, count)
+  return calls
+
+
+def _slip_at(k: int) -> Slip:
+  """A slip that drops the k-th non-zero carry (0-based) and no other.
+
+  Up to the k-th the slipping solution is the exact one, so its k-th carry is the exact
+  solution's k-th; after the slip no carry is dropped.
+  """
+  calls = -1
+
+  def slip() -> bool:
+    nonlocal calls
+    calls += 1
+    return calls == k
+
+  return slip
 
 
 def _carry(carry: int, slip: Slip) -> int:
