@@ -60,8 +60,8 @@ def reflect_config(arg) -> ml_collections.ConfigDict:
   r.negatives_path = ""
   # The task's negatives: drop the "first" carry, or a "random" one (seeded per problem).
   r.slip = "first"
-  # o⁻ longer than this is cut to its first `negative_head` tokens and its end (PROPOSAL,
-  # The PROPOSAL: first 256 of 2048 in the paper's setting; here 16 of 96, more than the
+  # o⁻ longer than this is cut to its first `negative_head` tokens and its end (PROPOSAL:
+  # first 256 of 2048 in the paper's setting; here 16 of 96, more than the
   # longest arithmetic negative (67), so only a JSONL source is ever cut).
   r.negative_tokens = 96
   r.negative_head = 16
