@@ -16,6 +16,7 @@ rest are this one method with different names. One step:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -136,8 +137,12 @@ class PolicyRuntime(NamedTuple):
   evaluator: TaskEvaluator  # held-out accuracy with the sampler's layout of the parameters
 
 
-def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn) -> PolicyRuntime:
+def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn, *,
+                   shared: Sequence[str] = ()) -> PolicyRuntime:
   """Builds the train step, the sampler, the scorer and the evaluator of a policy method.
+
+  `shared`: batch keys besides `num_tokens` / `num_sequences` that hold one value for the whole
+  mini-batch (a method's global normaliser), not split over micro-batches.
 
   Old-policy, reference and teacher log-probs are scored by the trainer, on its mesh and in its
   layout: `old_logp` then comes from the same parameters and sharding as the update's forward
@@ -148,7 +153,7 @@ def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn) -> Po
   step_fn = make_train_step(run.graphdef, loss_fn, run.optimizer,
                             num_micro_batches=config.num_micro_batches,
                             mesh=run.train_mesh, rules=run.train_rules,
-                            shared=("num_tokens", "num_sequences"))
+                            shared=("num_tokens", "num_sequences", *shared))
   sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len,
                     mesh=placement.sample_mesh, rules=placement.sample_rules)
   scorer = Sampler(model, tokenizer, max_prompt_len=config.prompt_len, mesh=run.train_mesh,
@@ -179,6 +184,75 @@ def sample_groups(runtime: PolicyRuntime, params, prompts: Sequence[str], config
   return rollout
 
 
+class Verified(NamedTuple):
+  """A step's verifier outcome (`verify_groups`)."""
+
+  correct: np.ndarray  # float32[rows] 0/1, NaN where the verifier failed
+  format: np.ndarray  # float32[rows]
+  failures: Any  # `rewards.verifiers.rewards_for`'s error / time-out counts
+  adv: jax.Array  # [rows] the advantage estimator's output
+
+
+def verify_groups(objective: PolicyObjective, task, records: Sequence[Mapping[str, Any]],
+                  texts: Sequence[str], group_ids, config) -> Verified:
+  """Verifier rewards of `config.group_size` rows per record (record-major) and the advantage
+  `objective.advantage_fn` gives them over `group_ids` (`config.reward_weights` weighted)."""
+  correct, fmt, failures = rewards_for(task, records, texts, config.group_size,
+                                       timeout_s=config.reward_timeout_s)
+  rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in objective.reward_names],
+                     axis=1)
+  adv = objective.advantage_fn(jnp.asarray(rewards), jnp.asarray(group_ids),
+                               num_groups=len(records), eps=config.advantage_eps,
+                               reward_weights=objective.reward_weights)
+  return Verified(correct, fmt, failures, adv)
+
+
+def step_record(updates, rollout, old_logp, verified: Verified, completion_mask,
+                timings: Mapping[str, float]) -> dict[str, Any]:
+  """The metrics every policy step logs: the updates' means (`train/*`), the sampler / trainer
+  log-prob agreement (`rollout/*`), rewards, verifier failures, throughput and `timings`."""
+  record = {f"train/{k}": v for k, v in ppo.merge_update_metrics(updates).items()}
+  record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old_logp).items()})
+  tokens = int(np.asarray(completion_mask).sum())
+  failures = verified.failures
+  record.update({"train/reward_correct": float(np.nanmean(verified.correct)),
+                 "train/reward_format": float(np.nanmean(verified.format)),
+                 "train/reward_failures": failures.total,
+                 "train/reward_errors": failures.errors,
+                 "train/reward_timeouts": failures.timeouts,
+                 "train/tokens_per_s": tokens / sum(timings.values()), **timings})
+  return record
+
+
+def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
+                  timings: dict[str, float], *, reference=None):
+  """The PPO phase's batch: the rollout's rows (trimmed) with `adv`, `old_logp` and, with a
+  `reference`, `ref_logp`, scored by the trainer on its mesh (`put` places a host batch there).
+
+  The rollout goes to the host first (it may sit on the sampler's devices, or on other
+  processes), then onto the trainer's mesh, rows split over its batch axes. Adds
+  `time/score` (and `time/reference`) to `timings`. Returns `(batch, old_logp)`, `old_logp`
+  still on the trainer's devices.
+  """
+  tic = time.perf_counter()
+  batch = ppo.trim_completions(multihost.to_host(dict(
+    {k: getattr(rollout, k) for k in ROLLOUT_KEYS}, adv=adv)), config.trim_completions_to)
+  inputs = put({k: batch[k] for k in ROLLOUT_KEYS})
+
+  def score(p):
+    return runtime.scorer.score(p, **inputs, temperature=config.temperature,
+                                num_micro_batches=config.score_micro_batches).logp
+
+  old_logp = score(params)
+  batch["old_logp"] = multihost.to_host(old_logp)
+  timings["time/score"] = time.perf_counter() - tic
+  if reference is not None:
+    tic = time.perf_counter()
+    batch["ref_logp"] = multihost.to_host(score(reference))
+    timings["time/reference"] = time.perf_counter() - tic
+  return batch, old_logp
+
+
 class GRPO:
   """GRPO-family RL on `config.task` (configs/grpo_*.py); a `training.loop.Method`."""
 
@@ -193,8 +267,8 @@ class GRPO:
     config = self.config
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
-    (self.loss_fn, self.advantage_fn, self.reward_names,
-     self.reward_weights) = policy_objective(config)
+    self.objective = policy_objective(config)
+    self.loss_fn = self.objective.loss_fn
     self.model = model
     return model
 
@@ -223,51 +297,24 @@ class GRPO:
     return sample_groups(self.runtime, state.params, [r["prompt"] for r in records],
                          self.config, jax.random.fold_in(self.rng, step), timings)
 
-  def score(self, params, inputs) -> jax.Array:
-    return self.scorer.score(params, **inputs, temperature=self.config.temperature,
-                             num_micro_batches=self.config.score_micro_batches).logp
-
   def step(self, state, step: int):
     config, run = self.config, self.run
     timings: dict[str, float] = {}
     records = global_records(self.data_iter)
     rollout = self.rollout(state, records, step, timings)
     texts = self.sampler.decode_text(rollout)
-    correct, fmt, failures = rewards_for(self.task, records, texts, config.group_size,
-                                         timeout_s=config.reward_timeout_s)
-    rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in self.reward_names],
-                       axis=1)
-    adv = self.advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
-                            eps=config.advantage_eps, reward_weights=self.reward_weights)
-    tic = time.perf_counter()
-    # To the host (the rollout may sit on the sampler's devices, or on other processes), then
-    # onto the trainer's mesh, rows split over its batch axes.
-    batch = ppo.trim_completions(multihost.to_host(dict(
-      {k: getattr(rollout, k) for k in ROLLOUT_KEYS}, adv=adv)), config.trim_completions_to)
-    inputs = put_batch({k: batch[k] for k in ROLLOUT_KEYS}, run.train_mesh, run.train_rules)
-    old_logp = self.score(state.params, inputs)
-    batch["old_logp"] = multihost.to_host(old_logp)
-    timings["time/score"] = time.perf_counter() - tic
-    if self.reference is not None:
-      tic = time.perf_counter()
-      batch["ref_logp"] = multihost.to_host(self.score(self.reference, inputs))
-      timings["time/reference"] = time.perf_counter() - tic
+    verified = verify_groups(self.objective, self.task, records, texts, rollout.group_ids,
+                             config)
+    put = functools.partial(put_batch, mesh=run.train_mesh, rules=run.train_rules)
+    batch, old_logp = score_rollout(self.runtime, config, put, state.params, rollout,
+                                    verified.adv, timings, reference=self.reference)
     tic = time.perf_counter()
     state, updates = ppo.ppo_phase(
       self.step_fn, state, batch, epochs=config.ppo_epochs, mini_batches=config.ppo_mini_batches,
-      rng=np.random.default_rng([config.seed, step]),
-      put=lambda b: put_batch(b, run.train_mesh, run.train_rules))
+      rng=np.random.default_rng([config.seed, step]), put=put)
     timings["time/update"] = time.perf_counter() - tic
-    record = {f"train/{k}": v for k, v in ppo.merge_update_metrics(updates).items()}
-    record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old_logp).items()})
-    tokens = int(batch["completion_mask"].sum())
-    record.update({"train/reward_correct": float(np.nanmean(correct)),
-                   "train/reward_format": float(np.nanmean(fmt)),
-                   "train/reward_failures": failures.total,
-                   "train/reward_errors": failures.errors,
-                   "train/reward_timeouts": failures.timeouts,
-                   "train/tokens_per_s": tokens / sum(timings.values()), **timings})
-    return state, record
+    return state, step_record(updates, rollout, old_logp, verified, batch["completion_mask"],
+                              timings)
 
   def evaluate(self, state, step: int) -> dict[str, float]:
     return self.evaluator(state.params, step)

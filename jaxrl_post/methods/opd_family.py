@@ -60,14 +60,16 @@ from jaxrl_post.methods.grpo import (
   policy_objective,
   policy_runtime,
   sample_groups,
+  step_record,
   task_loader,
+  verify_groups,
 )
 from jaxrl_post.methods.opd import load_teachers
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.rewards.verifiers import rewards_for
-from jaxrl_post.sampling import FINISH_EOS, rollout_metrics
+from jaxrl_post.sampling import FINISH_EOS
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import StartPoint, resolve_start
@@ -314,8 +316,8 @@ class OPDFamily:
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
     oprd = dict(logits_transform=_oprd_chunk_transform, transform_keys=OPRD_KEYS)
-    (self.loss_fn, self.advantage_fn, self.reward_names,
-     self.reward_weights) = policy_objective(config, **(oprd if spec.kind == "oprd" else {}))
+    self.objective = policy_objective(config, **(oprd if spec.kind == "oprd" else {}))
+    self.loss_fn = self.objective.loss_fn
     # Teachers are located and their vocabularies checked here, before anything compiles.
     self.teacher_starts = {}
     wanted = ([("teacher", config.distill.teacher)] if spec.needs_teacher else []) + (
@@ -498,19 +500,14 @@ class OPDFamily:
                             jax.random.fold_in(self.rng, step), timings)
 
     # 3. Verifier rewards and the GRPO advantage Â.
-    correct, fmt, failures = rewards_for(self.task, records, self.sampler.decode_text(rollout),
-                                         config.group_size, timeout_s=config.reward_timeout_s)
-    rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in self.reward_names],
-                       axis=1)
-    seq_adv = self.advantage_fn(jnp.asarray(rewards), rollout.group_ids,
-                                num_groups=len(records), eps=config.advantage_eps,
-                                reward_weights=self.reward_weights)
+    verified = verify_groups(self.objective, self.task, records,
+                             self.sampler.decode_text(rollout), rollout.group_ids, config)
 
     # 4. Scores on the trainer's mesh: the old student, the teacher (and OPRD's reference).
     tic = time.perf_counter()
     host = multihost.to_host(dict({k: getattr(rollout, k) for k in ROLLOUT_KEYS},
                                   finish_reason=rollout.finish_reason,
-                                  group_ids=rollout.group_ids, adv=seq_adv))
+                                  group_ids=rollout.group_ids, adv=verified.adv))
     batch = ppo.trim_completions({k: host[k] for k in ROLLOUT_KEYS},
                                  config.trim_completions_to)
     inputs = self.put(batch)
@@ -531,7 +528,7 @@ class OPDFamily:
     tic = time.perf_counter()
     self.tv_proposed = None
     adv, distill_metrics = self.advantages(
-      step, batch, host["adv"], np.asarray(correct, np.float32), host["group_ids"],
+      step, batch, host["adv"], np.asarray(verified.correct, np.float32), host["group_ids"],
       len(records), records, extra)
     extra.pop("ends_with_eos", None)
     batch.pop("teacher_logp", None)
@@ -546,18 +543,11 @@ class OPDFamily:
     timings["time/update"] = time.perf_counter() - tic
     self.commit_tv(updates)
 
-    record = {f"train/{k}": v for k, v in ppo.merge_update_metrics(updates).items()}
-    record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old.logp).items()})
+    record = step_record(updates, rollout, old.logp, verified, batch["completion_mask"], timings)
     record.update(distill_metrics)
-    mask = batch["completion_mask"]
-    tokens = int(mask.sum())
-    adv = np.asarray(adv)
-    record.update({"distill/adv_abs_mean": _masked_mean(
-                     np.abs(adv if adv.ndim == 2 else adv[:, None] * np.ones_like(mask)), mask),
-                   "train/reward_correct": float(np.nanmean(correct)),
-                   "train/reward_format": float(np.nanmean(fmt)),
-                   "train/reward_failures": failures.total,
-                   "train/tokens_per_s": tokens / sum(timings.values()), **timings})
+    mask, adv = batch["completion_mask"], np.asarray(adv)
+    record["distill/adv_abs_mean"] = _masked_mean(
+      np.abs(adv if adv.ndim == 2 else adv[:, None] * np.ones_like(mask)), mask)
     return state, record
 
   # ---- evaluation and report ----

@@ -73,14 +73,15 @@ from jaxrl_post.methods.grpo import (
   policy_objective,
   policy_runtime,
   sample_groups,
+  score_rollout,
+  step_record,
   task_loader,
+  verify_groups,
 )
 from jaxrl_post.methods.opd import load_teachers
 from jaxrl_post.methods.opd_family import check_teacher_vocabulary, locate_teacher
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
-from jaxrl_post.rewards.verifiers import rewards_for
-from jaxrl_post.sampling import rollout_metrics
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 
@@ -405,8 +406,8 @@ class ReflectRL:
     config = self.config
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
-    (self.loss_fn, self.advantage_fn, self.reward_names,
-     self.reward_weights) = policy_objective(config)
+    self.objective = policy_objective(config)
+    self.loss_fn = self.objective.loss_fn
     # The golden-negative source and the prompt budget fail here, before anything compiles.
     self.negative_fn = negative_source(config, self.task)
     self.check_prompt_budget()
@@ -526,25 +527,12 @@ class ReflectRL:
     rollout = self.rollout(state, records, rows, step, timings)
 
     # 3. Verifier rewards on the answer; Â over the whole mixed group (Eq. 9).
-    correct, fmt, failures = rewards_for(self.task, records, self.sampler.decode_text(rollout),
-                                         config.group_size, timeout_s=config.reward_timeout_s)
-    rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in self.reward_names],
-                       axis=1)
-    adv = self.advantage_fn(jnp.asarray(rewards), rollout.group_ids, num_groups=len(records),
-                            eps=config.advantage_eps, reward_weights=self.reward_weights)
+    verified = verify_groups(self.objective, self.task, records,
+                             self.sampler.decode_text(rollout), rollout.group_ids, config)
 
     # 4. Old policy (and reference) on the trainer's mesh, each row under its own prompt.
-    tic = time.perf_counter()
-    batch = ppo.trim_completions(multihost.to_host(dict(
-      {k: getattr(rollout, k) for k in ROLLOUT_KEYS}, adv=adv)), config.trim_completions_to)
-    inputs = self.put({k: batch[k] for k in ROLLOUT_KEYS})
-    old_logp = self.score(state.params, inputs)
-    batch["old_logp"] = multihost.to_host(old_logp)
-    timings["time/score"] = time.perf_counter() - tic
-    if self.reference is not None:
-      tic = time.perf_counter()
-      batch["ref_logp"] = multihost.to_host(self.score(self.reference, inputs))
-      timings["time/reference"] = time.perf_counter() - tic
+    batch, old_logp = score_rollout(self.runtime, config, self.put, state.params, rollout,
+                                    verified.adv, timings, reference=self.reference)
     record: dict[str, Any] = {}
     if opd:
       # Eq. 11: K^batch = round(B g(t)) rows scored by the teacher under x^R; d_t as advantage.
@@ -566,19 +554,12 @@ class ReflectRL:
       rng=np.random.default_rng([config.seed, step]), put=self.put)
     timings["time/update"] = time.perf_counter() - tic
 
-    record.update({f"train/{k}": v for k, v in ppo.merge_update_metrics(updates).items()})
-    record.update({f"rollout/{k}": v for k, v in rollout_metrics(rollout, old_logp).items()})
-    record.update(reward_split(correct, rows.reflective, rows.group_ids))
-    tokens = int(batch["completion_mask"].sum())
+    record.update(step_record(updates, rollout, old_logp, verified, batch["completion_mask"],
+                              timings))
+    record.update(reward_split(verified.correct, rows.reflective, rows.group_ids))
     record.update({"reflect/fraction": fraction, "reflect/count": count,
                    "reflect/prompts_with_negative": float(rows.has_negative.mean()),
-                   "reflect/rows_reflective": float(rows.reflective.mean()),
-                   "train/reward_correct": float(np.nanmean(correct)),
-                   "train/reward_format": float(np.nanmean(fmt)),
-                   "train/reward_failures": failures.total,
-                   "train/reward_errors": failures.errors,
-                   "train/reward_timeouts": failures.timeouts,
-                   "train/tokens_per_s": tokens / sum(timings.values()), **timings})
+                   "reflect/rows_reflective": float(rows.reflective.mean())})
     return state, record
 
   # ---- evaluation and report ----
