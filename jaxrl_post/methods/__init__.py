@@ -13,6 +13,8 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
               TGOPD (2609.02998), OPDVR / GRPD (2608.24696), OPRD (2609.08798), GRPO
   reflect_rl  ReflectRL (arXiv 2608.03972): groups mixing reflective prompts (a golden negative
               trajectory to correct) and direct ones; its OPD variant (Eq. 11)
+  ice         ICE (arXiv 2608.02087): RL on instruction-conditioned rollouts plus the filtered
+              forward KL from the conditioned policy to the bare-prompt one (same weights)
   rtpo        multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO
   perception  dense detection SFT + set-reward GRPO (Falcon Perception-HD, arXiv 2608.18881)
   pcqa        point-cloud quality assessment (PCQA-R1, arXiv 2608.18627)
