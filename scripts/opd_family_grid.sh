@@ -12,6 +12,8 @@
 #   opd_then_rl[S]                OPD for the first half of the budget, then GRPO
 #   joint:kdrl[S] joint:hdpo[S]   two of OPD-then-RL's joint baselines at the same budget
 #   opd[W] oprd[W] opdvr[W]       OPRD's weak-to-strong setting; OPDVR with an often-wrong teacher
+#   oprd_lambda0[W]               OPRD with λ = 0 (its paper's ablation: the same PPO loss and
+#                                 group-centred advantage, no correction)
 #   joint:kdrl[W]                 OPRD's strongest baseline in its paper
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (steps per run, default 40), PROMPTS
@@ -30,7 +32,7 @@ WEAK_FROM=${WEAK_FROM:-200}
 WEAK_STEPS=${WEAK_STEPS:-20}
 JOBS=${JOBS:-1}
 ALL_ROWS="grpo opd:S tv_opd:S tv_sign:S opd_then_rl:S joint:kdrl:S joint:hdpo:S opd:W oprd:W \
-opdvr:W joint:kdrl:W"
+opdvr:W joint:kdrl:W oprd_lambda0:W"
 ROWS=${ROWS:-$ALL_ROWS}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
@@ -81,6 +83,7 @@ row() {  # row <method:teacher> <seed>
   esac
   local variant="method=$method"
   [[ $method == tv_sign ]] && variant="method=tv_opd,tv_variant=sign"
+  [[ $method == oprd_lambda0 ]] && { variant="method=oprd"; extra+=(--config.distill.oprd_lambda=0); }
   [[ $method == opd_then_rl ]] && variant+=",switch=$((STEPS / 2))"
   local name=${method/:/_}_$teacher
   stage "$R/runs/$name/seed$seed" python experiments/opd_family.py \

@@ -84,7 +84,7 @@ def test_grid_rows_are_valid_configs(tmp_path):
                        capture_output=True, text=True, env=env, check=True, timeout=60).stdout
   commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
   runs = [c for c in commands if "experiments/opd_family.py" in c]
-  assert len(runs) == 11 * 2, out
+  assert len(runs) == 12 * 2, out
   assert any("experiments/quickstart.py" in c for c in commands)
   config_module = load_module(ROOT / "configs" / "opd_family.py", "opd_family_config")
   methods = set()
@@ -93,7 +93,8 @@ def test_grid_rows_are_valid_configs(tmp_path):
     config = config_module.get_config(flags["config"].split(":", 1)[1])
     for key, value in flags.items():  # the command's --config.* overrides, as strings
       if key.startswith("config.distill."):
-        config.distill[key[len("config.distill."):]] = value
+        name = key[len("config.distill."):]
+        config.distill[name] = type(config.distill[name])(value)  # as config_flags parses
     methods.add(opd_family.validate_distill(config).name)
     assert flags["config.steps"] == "40" and flags["config.eval_examples"] == "256"
   assert methods == {"grpo", "opd", "tv_opd", "opd_then_rl", "joint:kdrl", "joint:hdpo", "oprd",
