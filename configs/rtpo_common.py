@@ -2,13 +2,14 @@
 
 Not a config itself: configs/rtpo_<env>.py load it from this folder (`load_common()` there).
 
-One config serves four methods, chosen in the config argument (`method=...`), because their
+One config serves five modes, chosen in the config argument (`method=...`), because their
 defaults differ (group size, loss aggregation, optimizer):
 
   sft         teacher-forced cold start on the env's demonstrations, turn by turn under ψ
   flat_grpo   flattened-trajectory GRPO (G = 8 episodes per prompt, token-mean PPO-clip)
   turn_grpo   turn-level GRPO (same episodes and advantages, rows c_k | a_k)
   rtpo        RTPO (2 trunks per prompt, G = 3 ⇒ 2 siblings per boundary, Eq. 6 aggregation)
+  ocsd        OCSD (arXiv 2608.04788): turn_grpo's defaults plus `ocsd.*` (configs/ocsd.py)
 
 Every method has the same keys, so an override that works for one works for all.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from jaxrl_post.methods import ocsd as ocsd_lib
 from jaxrl_post.methods.rtpo import METHODS, MODES, SFT
 from jaxrl_post.parallel.mesh import mesh_config
 from jaxrl_post.training import base_configs
@@ -91,6 +93,11 @@ def base_config(arg) -> ml_collections.ConfigDict:
     name="rtpo" if arg.method == "rtpo" else "grpo",
     loss_agg_mode="seq-mean-token-mean" if arg.method == "rtpo" else "token-mean",
     epsilon_low=0.2, epsilon_high=0.2, beta=0.0, kl_estimator="k3"))
+  # OCSD's dual-view re-scoring (method=ocsd; unused otherwise): ρ and β are the paper's, the
+  # hindsight template, placeholder and terminal feedback are our PROPOSAL (methods/ocsd.py).
+  config.ocsd = ml_collections.ConfigDict(dict(
+    rho=0.2, beta=0.5, template=ocsd_lib.DEFAULT_TEMPLATE,
+    placeholder=ocsd_lib.DEFAULT_PLACEHOLDER, terminal=ocsd_lib.DEFAULT_TERMINAL))
   config.ppo_epochs = 1
   config.ppo_mini_batches = 1
   config.num_micro_batches = 1

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# The paper's values (arXiv 2608.04788, §4): ρ = 20 % of steps, β = 0.5.
+# The paper's values (arXiv 2608.04788): ρ = 20 % of steps, β = 0.5.
 OCSD_RHO, OCSD_BETA = 0.2, 0.5
 
 

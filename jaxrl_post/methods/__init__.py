@@ -15,7 +15,9 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
               trajectory to correct) and direct ones; its OPD variant (Eq. 11)
   ice         ICE (arXiv 2608.02087): RL on instruction-conditioned rollouts plus the filtered
               forward KL from the conditioned policy to the bare-prompt one (same weights)
-  rtpo        multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO
+  rtpo        multi-turn agentic RL: RTPO (arXiv 2608.18682), turn-level and flattened GRPO,
+              and OCSD (arXiv 2608.04788) as the `ocsd` mode: turn-level GRPO whose advantage is
+              modulated per token by a dual-view observation calibration (`methods.ocsd`)
   perception  dense detection SFT + set-reward GRPO (Falcon Perception-HD, arXiv 2608.18881)
   pcqa        point-cloud quality assessment (PCQA-R1, arXiv 2608.18627)
 """

@@ -18,6 +18,9 @@ in what is sampled, which tokens are trained and against which baseline (RTPO, a
               siblings all score the same are skipped (their gradient is exactly 0).
   sft         the cold start: teacher-forced NLL (`losses.nll_loss`) on the env's
               demonstrations, each turn a row `c_k | a_k` under the ψ the rollouts will use.
+  ocsd        OCSD (arXiv 2608.04788): turn_grpo plus one dual-view re-scoring of every action
+              (replay contexts with and without the next observation) that modulates the
+              episode's advantage per token on its most uncertain steps (`methods.ocsd`).
 
 An RL step reads top to bottom in `grpo_step` / `rtpo_step`: start states → rollouts
 (`sampling.multiturn.rollout`) → returns → advantages (`losses.rtpo`) → (context, action) rows →
@@ -30,7 +33,8 @@ advantage, turn loss, off-policy weight); rollouts, batches and the consistency 
                    of bucketed shapes, training-time log-probs (`score`, on the trainer's mesh),
                    PPO phases and SFT steps under `jit`.
   `grpo_step`, `rtpo_step`   one RL step of each method, written against the small `Backend`
-                   protocol that `Learner` implements (tests drive them with scripted policies).
+                   protocol that `Learner` implements (tests drive them with scripted policies);
+                   grpo_step's `batch_hook` is where OCSD (`methods.ocsd.Calibrator`) plugs in.
   `evaluate`       greedy (or sampled) success on held-out episodes.
   `RTPO`           the `training.loop.Method` of experiments/rtpo.py: every mode above, the
                    generated-token budget (`config.max_generated_tokens`, through `done`), and
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -55,6 +59,7 @@ from jaxrl_post import losses
 from jaxrl_post.envs import Env, EnvState, get_env, make_context
 from jaxrl_post.envs.context import ContextFn
 from jaxrl_post.losses import rtpo as rtpo_losses
+from jaxrl_post.methods import ocsd as ocsd_lib
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import put_batch
@@ -68,7 +73,11 @@ from jaxrl_post.training.train_state import TrainState, make_train_step
 METHODS = ("flat_grpo", "turn_grpo", "rtpo")
 CONTINUATIONS = ("on_policy", "off_policy")
 SFT = "sft"
-MODES = (SFT, *METHODS)  # what `config.method` may be
+# OCSD is turn_grpo with a batch hook (`methods.ocsd`); it is a mode of the binary, not one of
+# the `METHODS` of RTPO's horizon grid.
+OCSD = "ocsd"
+OCSD_HOST = "turn_grpo"
+MODES = (SFT, *METHODS, OCSD)  # what `config.method` may be
 # Fill values of padding rows (`Learner.put`) where 0 is not neutral.
 _ROW_PADDING = {"turn_ids": -1, "turn": -1, "weight": 1.0}
 
@@ -397,7 +406,7 @@ def batch_loss(logp: jax.Array, batch: Mapping[str, jax.Array], *, loss: str,
   Args:
     logp: `[N, La]` log-probs of `completion_tokens` (differentiated).
     batch: the `TurnBatch` arrays plus `old_logp` `[N, La]`, the global `num_tokens` /
-      `num_sequences`, and optionally `ref_logp`.
+      `num_sequences`, and optionally `ref_logp`; `adv` is `[N]` or per token `[N, La]`.
     loss: a policy-loss name (see `losses.rtpo.policy_loss_fn`).
     loss_kwargs: its keywords.
     entropy: optional `[N, La]` entropies (a metric only).
@@ -410,7 +419,9 @@ def batch_loss(logp: jax.Array, batch: Mapping[str, jax.Array], *, loss: str,
     kwargs.update(turn_ids=batch["turn_ids"], turn=batch["turn"], weight=batch["weight"])
     adv = batch["adv"]
   else:
-    adv = batch["adv"] * batch["weight"]
+    weight = batch["weight"]
+    # Per-token advantages `[N, La]` (OCSD) take the row weight on every token.
+    adv = batch["adv"] * (weight if batch["adv"].ndim == 1 else weight[:, None])
   value, aux = rtpo_losses.policy_loss_fn(loss)(
     logp, batch["old_logp"], adv, batch["loss_mask"], ref_logp=batch.get("ref_logp"),
     entropy=entropy, num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"],
@@ -438,14 +449,23 @@ def _prefixed(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
   return {f"{prefix}/{k}": float(v) for k, v in metrics.items()}
 
 
+BatchHook = Callable[[Any, Sequence[SampledTrajectory], TurnBatch],
+                     tuple[TurnBatch, dict[str, float]]]
+
+
 def grpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *,
-              config: MethodConfig, rng: jax.Array, shuffle: np.random.Generator) -> StepOutput:
+              config: MethodConfig, rng: jax.Array, shuffle: np.random.Generator,
+              batch_hook: BatchHook | None = None) -> StepOutput:
   """One step of flattened-trajectory or turn-level GRPO.
 
   G episodes per start state; A_i = the GRPO advantage of episode i's return within its
   prompt's group; flat: one row per episode (observations masked), turn: one row `c_k | a_k` per
   turn, each with its episode's A_i. One PPO phase. A step where every advantage is 0 is skipped
   when `config.skip_zero_advantage` (its policy gradient is exactly 0).
+
+  `batch_hook(params, trajectories, batch) -> (batch, metrics)`, when given, rewrites the batch
+  before the PPO phase (called with the rollout parameters), e.g. OCSD's per-token advantages
+  (`methods.ocsd.Calibrator`); its metrics join the step's.
   """
   g = config.group_size
   trajectories = backend.rollout(state.params, [s for s in starts for _ in range(g)], rng)
@@ -466,6 +486,9 @@ def grpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *
     turns = [t for traj in trajectories for t in traj.turns]
     turn_adv = [a for traj, a in zip(trajectories, adv, strict=True) for _ in traj.turns]
     batch = backend.turn_batch(turns, turn_adv)
+  if batch_hook is not None:
+    batch, extra = batch_hook(state.params, trajectories, batch)
+    metrics.update(extra)
   state, update = backend.ppo(state, batch, rng=shuffle)
   metrics.update(_prefixed("train", update))
   return StepOutput(state, metrics, tokens, [])
@@ -570,10 +593,15 @@ def _continuation_weights(backend: Backend, params, siblings: Sequence[SampledTr
 
 
 def method_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *,
-                config: MethodConfig, rng: jax.Array, shuffle: np.random.Generator) -> StepOutput:
-  """`rtpo_step` or `grpo_step`, as `config.method` says."""
-  step = rtpo_step if config.method == "rtpo" else grpo_step
-  return step(state, backend, starts, config=config, rng=rng, shuffle=shuffle)
+                config: MethodConfig, rng: jax.Array, shuffle: np.random.Generator,
+                batch_hook: BatchHook | None = None) -> StepOutput:
+  """`rtpo_step` or `grpo_step` (with `batch_hook`), as `config.method` says."""
+  if config.method == "rtpo":
+    if batch_hook is not None:
+      raise ValueError("a batch hook (OCSD) needs a GRPO host, not rtpo")
+    return rtpo_step(state, backend, starts, config=config, rng=rng, shuffle=shuffle)
+  return grpo_step(state, backend, starts, config=config, rng=rng, shuffle=shuffle,
+                   batch_hook=batch_hook)
 
 
 def evaluate(backend: Backend, params, env: Env, indices: Sequence[int], *,
@@ -592,7 +620,8 @@ def evaluate(backend: Backend, params, env: Env, indices: Sequence[int], *,
 class RTPO:
   """Every mode of experiments/rtpo.py (configs/rtpo_*.py); a `training.loop.Method`.
 
-  `config.method` is `sft` (the cold start on the env's demonstrations) or one of `METHODS`.
+  `config.method` is `sft` (the cold start on the env's demonstrations), one of `METHODS`, or
+  `ocsd`: turn_grpo's step with `methods.ocsd.Calibrator` as its batch hook (`config.ocsd.*`).
   Each step draws its episodes from `(config.seed, step)` only, so a resumed run sees the same
   ones; the tokens generated for training add up in `budget/generated_tokens`, and the run
   stops once they reach `config.max_generated_tokens` (0: no budget), so methods compare at
@@ -621,9 +650,15 @@ class RTPO:
       raise ValueError(f"config.env / config.env_knobs: {e}") from None
     self.context = make_context(config.context.to_dict(), tokenizer=self.tokenizer)
     self.method = None
+    self.ocsd = None
+    if config.method == OCSD:
+      # Validated here, before the model is built: a bad knob fails in seconds.
+      self.ocsd = ocsd_lib.OCSDConfig.from_config(config.ocsd.to_dict())
+      self.ocsd.check_lengths(self.tokenizer, config.max_context_len)
     if not self.sft_mode:
       self.method = MethodConfig(
-        method=config.method, group_size=config.group_size,
+        method=OCSD_HOST if config.method == OCSD else config.method,
+        group_size=config.group_size,
         trunks_per_prompt=config.trunks_per_prompt, advantage=config.advantage,
         advantage_eps=config.advantage_eps, continuation=config.continuation,
         rho_min=config.rho_min, rho_max=config.rho_max,
@@ -657,6 +692,10 @@ class RTPO:
       rules=run.train_rules, sample_mesh=placement.sample_mesh,
       sample_rules=placement.sample_rules)
     self.rng = jax.random.key(config.seed + 1)
+    self.batch_hook = None
+    if self.ocsd is not None:
+      self.batch_hook = ocsd_lib.Calibrator(self.learner, self.tokenizer, config.max_context_len,
+                                            self.ocsd)
 
   def state_dict(self) -> dict[str, Any]:
     return {"generated_tokens": self.generated_tokens, "wall_s": self.wall_s}
@@ -693,7 +732,7 @@ class RTPO:
       out = method_step(
         state, learner, [self.env.initial_state(i, "train") for i in indices],
         config=self.method, rng=jax.random.fold_in(self.rng, step),
-        shuffle=np.random.default_rng([config.seed, step, 1]))
+        shuffle=np.random.default_rng([config.seed, step, 1]), batch_hook=self.batch_hook)
       state, record, step_tokens = out.state, out.metrics, out.generated_tokens
     self.generated_tokens += step_tokens
     elapsed = time.perf_counter() - tic
