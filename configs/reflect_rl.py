@@ -111,7 +111,7 @@ def sweep(add, arg=None):
   """GRPO (`reflect.p_high=0`: K_t = 0 throughout) against ReflectRL, seeds 0 1 2.
 
     python scripts/sweep.py --config=configs/reflect_rl.py --workdir=/tmp/sweeps/reflect_rl \
-        --binary=experiments/reflect_rl.py -- --config.init_from=/tmp/sft_arith
+        -- --config.init_from=/tmp/sft_arith
   """
   del arg
   for seed in (0, 1, 2):
