@@ -388,24 +388,15 @@ def test_config_variants_and_sweep():
     ice.validate_ice(config)
 
 
-class _Data:
-  def __init__(self):
-    self.state = {"next_index": 0}
-
-  def get_state(self):
-    return dict(self.state)
-
-  def set_state(self, state):
-    self.state = dict(state)
 
 
-def test_state_dict_round_trip():
+def test_state_dict_round_trip(loader_position):
   method = ice.ICE(_config("runlocal"))
-  method.data_iter = _Data()
+  method.data_iter = loader_position()
   method.data_iter.state = {"next_index": 7}
   saved = method.state_dict()
   other = ice.ICE(_config("runlocal"))
-  other.data_iter = _Data()
+  other.data_iter = loader_position()
   other.load_state_dict(saved)
   assert other.state_dict() == {"data": {"next_index": 7}}
 

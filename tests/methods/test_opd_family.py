@@ -37,17 +37,6 @@ def _config(arg="", **distill):
   return config
 
 
-class _Data:
-  """A stand-in for the sharded loader's iterator: only its position."""
-
-  def __init__(self):
-    self.state = {"next_index": 0}
-
-  def get_state(self):
-    return dict(self.state)
-
-  def set_state(self, state):
-    self.state = dict(state)
 
 
 def test_doctests():
@@ -125,10 +114,10 @@ def test_teacher_vocabulary_must_be_the_students(tmp_path):
     opd_family.locate_teacher(str(tmp_path / "nothing"), "config.distill.teacher")
 
 
-def test_state_dict_round_trips_through_json():
+def test_state_dict_round_trips_through_json(loader_position):
   config = _config("method=opd_then_rl,runlocal", teacher="/t")
   method = opd_family.OPDFamily(config)
-  method.data_iter = _Data()
+  method.data_iter = loader_position()
   method.data_iter.set_state({"next_index": 7})
   method.tv_state = losses.TVOPDState(D_bar=jnp.float32(0.123456789), D_ref=jnp.float32(0.3),
                                       c=jnp.float32(0.7071), initialized=jnp.bool_(True))
@@ -137,7 +126,7 @@ def test_state_dict_round_trips_through_json():
   saved = json.loads(json.dumps(method.state_dict()))
 
   other = opd_family.OPDFamily(config)
-  other.data_iter = _Data()
+  other.data_iter = loader_position()
   other.load_state_dict(saved)
   assert other.data_iter.get_state() == {"next_index": 7}
   for a, b in zip(other.tv_state, method.tv_state):

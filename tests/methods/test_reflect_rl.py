@@ -40,17 +40,6 @@ def _record(expression):
           "meta": json.dumps({"expression": expression})}
 
 
-class _Data:
-  """A stand-in for the sharded loader's iterator: only its position."""
-
-  def __init__(self):
-    self.state = {"next_index": 0}
-
-  def get_state(self):
-    return dict(self.state)
-
-  def set_state(self, state):
-    self.state = dict(state)
 
 
 def test_doctests():
@@ -383,13 +372,13 @@ def test_reward_split_and_delta_ref():
   assert np.isnan(none["reflect/reward_reflective"]) and np.isnan(none["reflect/delta_ref"])
 
 
-def test_state_dict_round_trip():
+def test_state_dict_round_trip(loader_position):
   method = reflect_rl.ReflectRL(_config())
-  method.data_iter = _Data()
+  method.data_iter = loader_position()
   method.data_iter.set_state({"next_index": 5})
   saved = json.loads(json.dumps(method.state_dict()))
   other = reflect_rl.ReflectRL(_config())
-  other.data_iter = _Data()
+  other.data_iter = loader_position()
   other.load_state_dict(saved)
   assert other.data_iter.get_state() == {"next_index": 5}
 
