@@ -89,6 +89,7 @@ from absl import logging
 
 from jaxrl_post import losses
 from jaxrl_post.methods.grpo import (
+  ROLLOUT_KEYS,
   global_records,
   policy_objective,
   policy_runtime,
@@ -105,7 +106,6 @@ from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.evaluation import evaluate
 
-ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
 KL_MODES = ("forward", "nll")
 FILTER_REWARDS = ("correct", "format")
 INSTRUCTION_SEPARATOR = "\n"

@@ -51,6 +51,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_post import losses
+from jaxrl_post.methods.grpo import ROLLOUT_KEYS
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import put_batch
@@ -64,8 +65,6 @@ from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, resolve_start
 from jaxrl_post.training.train_state import make_train_step
-
-ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
 
 # ---------------------------------------------------------------------------------------------
 # Method switches: the rows of the paper's ablation.

@@ -56,6 +56,7 @@ from absl import logging
 from jaxrl_post import losses
 from jaxrl_post.losses import joint_opd as joint_lib
 from jaxrl_post.methods.grpo import (
+  ROLLOUT_KEYS,
   global_records,
   policy_objective,
   policy_runtime,
@@ -74,7 +75,6 @@ from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import StartPoint, resolve_start
 
-ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
 GATED = tuple(losses.GATED_OPD_ADVANTAGES.names())
 BASE_METHODS = ("grpo", "opd", "tv_opd", "opd_then_rl", "oprd", *GATED)
 JOINT_PREFIX = "joint:"

@@ -85,7 +85,6 @@ from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 
-ROLLOUT_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask")
 TEMPLATE_FIELDS = ("prompt", "negative")
 SLIP_CHOICES = ("first", "random")
 MODES = ("rlvr", "opd")  # Eq. 9 (mixed prompt groups) / Eq. 11 (teacher under x^R)

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_post import losses
-from jaxrl_post.methods import opd_family
+from jaxrl_post.methods import grpo, opd_family
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.sampling import score_model
 from jaxrl_post.training.checkpoint import StartPoint
@@ -257,7 +257,7 @@ def test_oprd_transform_in_the_chunked_policy_loss():
                prompt_mask=jnp.ones((rows, p), bool),
                completion_tokens=jnp.asarray(rng.integers(1, 32, (rows, t)), jnp.int32),
                completion_mask=jnp.asarray(np.arange(t)[None] < np.array([7, 5, 3, 6])[:, None]))
-  old = score_model(model, *(batch[key] for key in opd_family.ROLLOUT_KEYS), top_k=k,
+  old = score_model(model, *(batch[key] for key in grpo.ROLLOUT_KEYS), top_k=k,
                     chunk_size=0)
   ids, slot = losses.oprd_support(batch["completion_tokens"], old.topk_ids,
                                   batch["completion_mask"])
