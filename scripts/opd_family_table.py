@@ -13,7 +13,9 @@ evaluation, and writes one row per method × teacher:
     order), mean ± std over seeds, and how many seeds it is > 0;
   * the accuracy at the mid-budget evaluation (the speed of the climb);
   * method diagnostics: TV-OPD's coefficient c_k at the first and last step, the mean
-    |advantage|, minutes per run.
+    |advantage|, minutes per run;
+
+then the grid's questions (`QUESTIONS`) as paired differences between two rows, seed by seed.
 
 Plots: `opd_family_accuracy.png` (held-out accuracy over steps, mean over seeds, per row) and
 `opd_family_tv.png` (TV-OPD's c_k and TV estimate over steps, per seed).
@@ -44,6 +46,21 @@ _PLOTS = flags.DEFINE_string("plots", None, "directory for the plots", flag_valu
 
 TEACHERS = {"S": "strong", "W": "weak", "none": "—"}
 ACC = "eval/accuracy"
+# The grid's questions as paired comparisons (row, against row): last-step greedy accuracy on
+# the same prompts, same seed.
+QUESTIONS = (
+  ("oprd_W", "grpo_none", "OPRD with a weak teacher vs GRPO"),
+  ("oprd_W", "opd_W", "OPRD vs OPD, the same weak teacher"),
+  ("oprd_W", "oprd_lambda0_W", "OPRD's correction (λ = 0.5 vs 0)"),
+  ("tv_sign_S", "opd_S", "sign-only OPD vs raw OPD"),
+  ("tv_opd_S", "opd_S", "TV-OPD vs raw OPD"),
+  ("tv_opd_S", "tv_sign_S", "TV-OPD's coefficient c_k vs plain sign"),
+  ("opd_then_rl_S", "joint_kdrl_S", "sequential OPD → GRPO vs KDRL (joint)"),
+  ("opd_then_rl_S", "joint_hdpo_S", "sequential OPD → GRPO vs HDPO (joint)"),
+  ("opd_then_rl_S", "opd_S", "OPD → GRPO vs OPD throughout"),
+  ("opdvr_W", "opd_W", "OPDVR's gate vs OPD, an often-wrong teacher"),
+  ("opdvr_W", "grpo_none", "OPDVR with an often-wrong teacher vs GRPO"),
+)
 
 
 def _values(records, key):
@@ -136,6 +153,21 @@ def table(data: dict) -> str:
       f"{_fmt(gains, 1, 100, sign=True)} ({_fmt(ses, 1, 100)}) | "
       f"{_fmt(vs_grpo, 1, 100, sign=True) + wins if vs_grpo else ''} | {_fmt(mid)} | "
       f"{coef_cell} | {_fmt(adv, 3)} | {_fmt([s['minutes'] for s in seeds.values()], 1)} |")
+  lines += ["", "| question | difference, points (per seed) | mean ± std | seeds > 0 | "
+            "mean paired SE |", "|---|---|---|---|---|"]
+  for row, other, question in QUESTIONS:
+    if row not in rows or other not in rows:
+      continue
+    diffs, ses = [], []
+    for seed in sorted(set(rows[row]) & set(rows[other])):
+      a, b = rows[row][seed]["outcomes"], rows[other][seed]["outcomes"]
+      gain, se = paired_gain(b[_last_step(b)]["greedy_correct"],
+                             a[_last_step(a)]["greedy_correct"])
+      diffs.append(gain)
+      ses.append(se)
+    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
+    lines.append(f"| {question} | {per_seed} | {_fmt(diffs, 1, 100, sign=True)} | "
+                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {_fmt(ses, 1, 100)} |")
   t = data["teachers"]
   lines.append("")
   lines.append(f"Student (step 0, greedy): {_fmt(student[:1])}; strong teacher "

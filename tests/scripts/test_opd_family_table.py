@@ -52,12 +52,15 @@ def test_table_pairs_gains_and_differences(tmp_path):
           {"step": 1, "distill/tv_coef": 1.0, "distill/adv_abs_mean": 0.5},
           {"step": 4, "distill/tv_coef": c_last, "distill/adv_abs_mean": 0.3},
           {"step": 4, "eval/accuracy": 1.0}], minutes=3.0)
+  for seed in (0, 1):  # raw OPD: one prompt short of TV-OPD in both seeds
+    _run(tmp_path, "opd_S", seed, student, [1, 1, 1, 0],
+         [{"step": 0, "eval/accuracy": 0.5}, {"step": 4, "eval/accuracy": 0.75}])
   (tmp_path / "weak").mkdir()
   (tmp_path / "weak" / "metrics.jsonl").write_text(
     json.dumps({"step": 20, "eval/accuracy": 0.33}) + "\n")
 
   data = SCRIPT.collect(tmp_path)
-  assert set(data["rows"]) == {"grpo_none", "tv_opd_S"}
+  assert set(data["rows"]) == {"grpo_none", "tv_opd_S", "opd_S"}
   assert data["teachers"]["weak"] == 0.33 and np.isnan(data["teachers"]["strong"])
   text = SCRIPT.table(data)
   row = next(line for line in text.splitlines() if line.startswith("| tv_opd |"))
@@ -70,6 +73,10 @@ def test_table_pairs_gains_and_differences(tmp_path):
   assert cells[8] == "0.400 ± 0.000" and cells[9] == "3.0 ± 0.0"
   grpo = next(line for line in text.splitlines() if line.startswith("| grpo |"))
   assert [c.strip() for c in grpo.strip("|").split("|")][6] == "0.600 ± 0.000"  # mid budget
+  question = next(line for line in text.splitlines() if line.startswith("| TV-OPD vs raw OPD"))
+  assert [c.strip() for c in question.strip("|").split("|")][1:] == [
+    "+25.0 / +25.0", "+25.0 ± 0.0", "2/2", "25.0 ± 0.0"]
+  assert "OPRD vs OPD" not in text  # a question whose rows did not run is left out
   SCRIPT.plots(data, tmp_path / "plots")
   assert (tmp_path / "plots" / "opd_family_accuracy.png").stat().st_size > 0
   assert (tmp_path / "plots" / "opd_family_tv.png").stat().st_size > 0
