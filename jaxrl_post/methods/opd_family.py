@@ -281,7 +281,7 @@ def tv_state_from_dict(d: Mapping[str, Any]) -> losses.TVOPDState:
                            c=jnp.float32(d["c"]), initialized=jnp.bool_(d["initialized"]))
 
 
-def _oprd_chunk_transform(logits, mask, inputs):
+def oprd_chunk_transform(logits, mask, inputs):
   """OPRD's correction on one chunk of logits (`sampling.score_hidden`'s `logits_transform`)."""
   return losses.oprd_transform(logits, inputs["oprd_ids"], inputs["oprd_direction"],
                                inputs["oprd_slot_mask"], inputs["oprd_lam_pos"],
@@ -315,7 +315,7 @@ class OPDFamily:
     config, spec = self.config, self.spec
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
-    oprd = dict(logits_transform=_oprd_chunk_transform, transform_keys=OPRD_KEYS)
+    oprd = dict(logits_transform=oprd_chunk_transform, transform_keys=OPRD_KEYS)
     self.objective = policy_objective(config, **(oprd if spec.kind == "oprd" else {}))
     self.loss_fn = self.objective.loss_fn
     # Teachers are located and their vocabularies checked here, before anything compiles.

@@ -269,7 +269,7 @@ def test_oprd_transform_in_the_chunked_policy_loss():
                oprd_slot_mask=slot, oprd_lam_pos=lam, oprd_lam_neg=lam, num_tokens=jnp.float32(
                  batch["completion_mask"].sum()), num_sequences=jnp.float32(rows))
   def grads(chunk, transform):
-    kwargs = dict(logits_transform=opd_family._oprd_chunk_transform,
+    kwargs = dict(logits_transform=opd_family.oprd_chunk_transform,
                   transform_keys=opd_family.OPRD_KEYS) if transform else {}
     loss_fn = make_policy_loss(**kwargs)
     # The same parameters (same seed) with `chunk` logit positions per chunk.
