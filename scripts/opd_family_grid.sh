@@ -15,6 +15,7 @@
 #   oprd_lambda0[W]               OPRD with λ = 0 (its paper's ablation: the same PPO loss and
 #                                 group-centred advantage, no correction)
 #   joint:kdrl[W]                 OPRD's strongest baseline in its paper
+#   tgopd[W] grpd[W]              the other verifier-gated methods with the often-wrong teacher
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (steps per run, default 40), PROMPTS
 # (prompts per step, default 16; 8 rollouts each), EVAL_EXAMPLES (held-out prompts, default 256),
@@ -32,7 +33,7 @@ WEAK_FROM=${WEAK_FROM:-200}
 WEAK_STEPS=${WEAK_STEPS:-20}
 JOBS=${JOBS:-1}
 ALL_ROWS="grpo opd:S tv_opd:S tv_sign:S opd_then_rl:S joint:kdrl:S joint:hdpo:S opd:W oprd:W \
-opdvr:W joint:kdrl:W oprd_lambda0:W"
+opdvr:W joint:kdrl:W oprd_lambda0:W tgopd:W grpd:W"
 ROWS=${ROWS:-$ALL_ROWS}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"

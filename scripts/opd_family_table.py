@@ -60,6 +60,8 @@ QUESTIONS = (
   ("opd_then_rl_S", "opd_S", "OPD → GRPO vs OPD throughout"),
   ("opdvr_W", "opd_W", "OPDVR's gate vs OPD, an often-wrong teacher"),
   ("opdvr_W", "grpo_none", "OPDVR with an often-wrong teacher vs GRPO"),
+  ("tgopd_W", "grpo_none", "TGOPD (teacher probes gate OPD vs GRPO) vs GRPO, weak teacher"),
+  ("grpd_W", "opdvr_W", "GRPD vs OPDVR, weak teacher"),
 )
 
 
