@@ -182,4 +182,4 @@ def test_no_recompilation():
 
 
 def test_doctests():
-  assert doctest.testmod(advantages).failed == 0
+  assert doctest.testmod(advantages.outcome).failed == 0

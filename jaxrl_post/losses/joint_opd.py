@@ -34,7 +34,7 @@ Conventions:
     advantages d_t is evaluated there (the value of log π_θ when the batch was sampled, as a
     detached reward, like sampled-token OPD); in TRRD's ratio d_t uses the current log-prob
     through `logp_scale * logp`, so its gradient is that of the paper's ρ^alg.
-  * Groups are given as `group_ids[b]` (the prompt of row b), as in `advantages.py`: rows of a
+  * Groups are given as `group_ids[b]` (the prompt of row b), as in `advantages.outcome`: rows of a
     group need not be contiguous; `num_groups` is the static number of segments. Only HDPO needs
     them.
   * The teacher and the base student may have different EOS tokens, so the final EOS position
