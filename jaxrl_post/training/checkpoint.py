@@ -1,8 +1,10 @@
 """Orbax checkpoints with one resume policy (workdir, then resume, then init_from, then scratch).
 
   ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=3)
-  ckpt.save(step, {"params": ..., "opt_state": ..., "rng": ...}, extra={"data": it_state})
+  ckpt.save(step, {"params": ..., "opt_state": ..., "rng": ...}, extra={"data": it_state},
+            arrays={"replay": {...}})                # arrays: optional, host numpy
   state, extra = ckpt.restore(step, abstract_state)
+  arrays = ckpt.restore_arrays(step, like)           # None when that step saved none
 
 Where a run starts (`resolve_start`), first match wins:
   1. the latest checkpoint in this run's own workdir (pre-emption, restarts);
@@ -24,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-  """A keep-N, optionally asynchronous orbax `CheckpointManager` for one pytree + JSON."""
+  """A keep-N, optionally asynchronous orbax `CheckpointManager` for one pytree + JSON.
+
+  A third, optional item holds a method's own arrays (`arrays`: replay buffers, calibrators,
+  bandit statistics, sampling priors): host numpy pytrees too large or too exact for JSON.
+  """
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
                async_save: bool = True):
@@ -36,7 +43,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                            enable_async_checkpointing=async_save, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "extra"))
+                                          item_names=("state", "extra", "arrays"))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -45,11 +52,13 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, extra: dict[str, Any] | None = None, *,
-           force: bool = True) -> bool:
-    """Saves `state` (a pytree of arrays) and `extra` (JSON-serialisable) at `step`."""
-    return self._manager.save(
-      int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                         extra=ocp.args.JsonSave(extra or {})), force=force)
+           arrays: Any = None, force: bool = True) -> bool:
+    """Saves `state` (a pytree of arrays), `extra` (JSON-serialisable) and, when given and not
+    empty, `arrays` (a pytree of numpy arrays, the same on every process) at `step`."""
+    items = {"state": ocp.args.StandardSave(state), "extra": ocp.args.JsonSave(extra or {})}
+    if arrays is not None and jax.tree.leaves(arrays):
+      items["arrays"] = ocp.args.PyTreeSave(arrays)
+    return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
 
   def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
     """Restores `step` (default latest) into the structure / shardings of `abstract_state`.
@@ -65,6 +74,29 @@ class Checkpointer:
       step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                     extra=ocp.args.JsonRestore()))
     return restored.state, dict(restored.extra or {})
+
+  def restore_arrays(self, step: int | None, like: Any) -> Any:
+    """The `arrays` item of `step` (default latest) as numpy, in the structure of `like`.
+
+    Returns None when that step saved no arrays (a checkpoint from before the method kept
+    any). Raises ValueError naming the mismatch when the saved arrays' shapes differ from
+    `like`'s (a config that changed a buffer's capacity between runs, say).
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    if not (self.directory / str(step) / "arrays").is_dir() or not jax.tree.leaves(like):
+      return None
+    item = jax.tree.map(lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), like)
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+      arrays=ocp.args.PyTreeRestore(item, restore_args=restore_args))).arrays
+    for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(restored)[0],
+                                 jax.tree.leaves(item)):
+      if np.shape(got) != want.shape:
+        raise ValueError(f"checkpoint step {step}: method array {jax.tree_util.keystr(path)} "
+                         f"has shape {np.shape(got)}; the method now expects {want.shape}")
+    return jax.tree.map(np.asarray, restored)
 
   def restore_params(self, step: int | None, params: Any) -> Any:
     """Restores only the `params` field of a saved train state, into `params`' structure.

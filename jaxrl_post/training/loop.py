@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 import tqdm
 from absl import app, flags, logging
 from flax import nnx
@@ -112,6 +113,11 @@ class Method(Protocol):
     summary(records) -> str: one line for the end of the run from the metrics history.
 
   Optional:
+    array_state() -> pytree of numpy arrays: state too large or too exact for JSON (replay
+      buffers, calibrators, bandit statistics, sampling priors), saved with each checkpoint
+      (the same on every process); fixed shapes, set up by `start`.
+    load_array_state(tree) -> None: restores it after a restart (called after
+      `load_state_dict`, with `array_state()`'s structure).
     progress(record) -> dict[str, float]: values for the progress bar.
     done(step) -> bool: stop after this step although `config.steps` is not reached (a token
       budget spent, say); the loop evaluates and checkpoints as at the last step.
@@ -192,6 +198,10 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
   first_step = first_step if resumed else 0
   if resumed:
     method.load_state_dict(extra.get("method", extra))
+    if hasattr(method, "array_state"):
+      arrays = run_setup.restore_method_arrays(run.start, checkpointer, method.array_state())
+      if arrays is not None:
+        method.load_array_state(arrays)
   run.writer = writer = MetricWriter(workdir, resume_step=first_step if resumed else None)
   writer.write_config(config)
 
@@ -201,7 +211,11 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
     logging.info("%s step %d eval: %s", method.name, step, dict(record))
 
   def save(step: int) -> None:
-    checkpointer.save(step, state, extra={"step": step, "method": method.state_dict()})
+    # Copied: an asynchronous save reads them after the method may have changed them in place.
+    arrays = (jax.tree.map(np.array, method.array_state()) if hasattr(method, "array_state")
+              else None)
+    checkpointer.save(step, state, extra={"step": step, "method": method.state_dict()},
+                      arrays=arrays)
 
   # ---- Steps ----
   limit = config.max_nonfinite_streak

@@ -214,6 +214,15 @@ def restore(start: StartPoint, checkpointer: Checkpointer, state: TrainState
   return state, {}
 
 
+def restore_method_arrays(start: StartPoint, checkpointer: Checkpointer, like):
+  """A resumed method's `array_state()` ("workdir" / "resume" starts), in `like`'s structure;
+  None for other starts or a checkpoint that saved none."""
+  if start.kind not in ("workdir", "resume"):
+    return None
+  source = checkpointer if start.kind == "workdir" else Checkpointer(start.path)
+  return source.restore_arrays(start.step, like)
+
+
 def checkpoint_dir(workdir: str) -> Path:
   return Path(workdir) / "checkpoints"
 

@@ -36,6 +36,26 @@ def test_save_restore_round_trip_keeps_n(tmp_path):
   ckpt.close()
 
 
+def test_method_arrays_round_trip_exactly_and_name_a_shape_change(tmp_path):
+  ckpt = Checkpointer(tmp_path / "checkpoints")
+  arrays = {"replay": {"tokens": np.arange(24, dtype=np.int32).reshape(2, 3, 4),
+                       "logp": np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)},
+            "count": np.int64(5), "bandit": [np.eye(3), np.ones(3)]}
+  ckpt.save(1, _state(), arrays=arrays)
+  ckpt.save(2, _state())  # a step without method arrays
+  ckpt.wait()
+  like = jax.tree.map(np.zeros_like, arrays)
+  got = ckpt.restore_arrays(1, like)
+  assert jax.tree.structure(got) == jax.tree.structure(arrays)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(arrays), strict=True):
+    assert isinstance(a, np.ndarray) and a.dtype == np.asarray(b).dtype
+    np.testing.assert_array_equal(a, b)
+  assert ckpt.restore_arrays(2, like) is None
+  bigger = dict(like, replay=dict(like["replay"], tokens=np.zeros((4, 3, 4), np.int32)))
+  with pytest.raises(ValueError, match=r"\['replay'\]\['tokens'\].*\(2, 3, 4\)"):
+    ckpt.restore_arrays(1, bigger)
+
+
 def test_restore_into_a_sharded_train_state_keeps_its_shardings(tmp_path):
   placement = make_placement(mesh_config(ici=dict(data=2, fsdp=2, tensor=2)))
   model = CausalLM(get_model_config("tiny"), rngs=nnx.Rngs(0))

@@ -40,7 +40,8 @@ def _mse(model, batch):
 
 
 class Regression:
-  """A `loop.Method`: SGD on a linear regression; counts the rows it has seen."""
+  """A `loop.Method`: SGD on a linear regression; counts the rows it has seen (JSON state) and
+  sums the inputs it has seen (array state, `array_state`)."""
 
   name = "regression"
   updates_per_step = 1
@@ -48,6 +49,7 @@ class Regression:
   def __init__(self, config):
     self.config = config
     self.rows_seen = 0
+    self.x_sum = np.zeros((2,), np.float64)
     self.started_with = None
 
   def build_model(self, run):
@@ -67,8 +69,10 @@ class Regression:
   def step(self, state, step):
     state, metrics = self.step_fn(state, self.batch(step))
     self.rows_seen += self.config.batch_size
+    self.x_sum += self.batch(step)["x"].sum(0)
     record = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
-    return state, dict(record, **{"train/rows_seen": self.rows_seen})
+    return state, dict(record, **{"train/rows_seen": self.rows_seen,
+                                  "train/x_sum": float(self.x_sum @ [1.0, 10.0])})
 
   def evaluate(self, state, step):
     del state, step
@@ -79,6 +83,12 @@ class Regression:
 
   def load_state_dict(self, state):
     self.rows_seen = state["rows_seen"]
+
+  def array_state(self):
+    return {"x_sum": self.x_sum}
+
+  def load_array_state(self, arrays):
+    self.x_sum = np.array(arrays["x_sum"])
 
   def done(self, step):
     return bool(self.config.stop_at) and step >= self.config.stop_at
@@ -112,7 +122,7 @@ def test_resume_gives_the_uninterrupted_history_and_method_state(tmp_path):
   method = Regression(again)
   loop.train(again, tmp_path / "resumed", method)
   assert method.rows_seen == 48  # restored 32, then 2 more steps
-  for key in ("train/mse", "train/rows_seen"):
+  for key in ("train/mse", "train/rows_seen", "train/x_sum"):
     assert _records(tmp_path / "resumed", key) == _records(tmp_path / "straight", key), key
   # The same evaluations, plus the one the 4-step run made at its last step.
   assert _records(tmp_path / "resumed", "eval/rows_seen") == sorted(
