@@ -299,3 +299,71 @@ class _ShardedIterator:
   def set_state(self, state: Mapping[str, Any]) -> None:
     for iterator in self._iterators:
       iterator.set_state(dict(state))
+
+
+class WeightedLoader:
+  """Each step's global batch drawn from a probability vector over a pool of tasks.
+
+  Task-sampling priors (TrajVal's learnability prior, arXiv 2608.09217; RAPO's risk buckets,
+  arXiv 2608.03660) replace the shuffled pass over the data with a draw: step k's global batch
+  is `global_batch_size` pool indices drawn without replacement (or with, `replace=True`) with
+  probabilities `probs`, from a generator seeded by `(seed, k)`. Every process draws the same
+  global batch and reads its own contiguous slice of it, so concatenating the processes' slices
+  in process order (`parallel.multihost.allgather_records`) is the same batch at any process
+  count, as with `ShardedLoader`.
+
+  `set_probs` changes the prior between steps (a dynamic scheduler); the iterator state is the
+  number of batches drawn (JSON), and the prior itself belongs to the method's checkpointed
+  arrays.
+  """
+
+  def __init__(self, source: Sequence[Mapping[str, Any]], *, global_batch_size: int,
+               probs: np.ndarray | None = None, seed: int = 0, replace: bool = False,
+               process_index: int | None = None, process_count: int | None = None):
+    if process_index is None or process_count is None:
+      import jax  # Deferred, as in make_loader.
+
+      process_index = jax.process_index() if process_index is None else process_index
+      process_count = jax.process_count() if process_count is None else process_count
+    if global_batch_size < 1 or global_batch_size % process_count:
+      raise ValueError(f"the global batch of {global_batch_size} records does not split into "
+                       f"{process_count} equal process slices")
+    self.source, self.global_batch_size = source, global_batch_size
+    self.seed, self.replace = seed, replace
+    per_process = global_batch_size // process_count
+    self._slice = slice(process_index * per_process, (process_index + 1) * per_process)
+    self.draws = 0
+    self.set_probs(np.full(len(source), 1.0 / len(source)) if probs is None else probs)
+
+  def set_probs(self, probs) -> None:
+    """Replaces the prior: `probs [len(source)]`, non-negative, normalised here."""
+    probs = np.asarray(probs, np.float64)
+    if probs.shape != (len(self.source),):
+      raise ValueError(f"probs has shape {probs.shape}; expected ({len(self.source)},), one "
+                       "probability per task of the pool")
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
+      raise ValueError("probs must be finite, non-negative and not all zero")
+    if not self.replace and np.count_nonzero(probs) < self.global_batch_size:
+      raise ValueError(f"probs gives {np.count_nonzero(probs)} tasks a non-zero probability; a "
+                       f"batch of {self.global_batch_size} without replacement needs that many")
+    self.probs = probs / probs.sum()
+
+  def global_indices(self, draw: int) -> np.ndarray:
+    """The pool indices of the `draw`-th global batch (the same on every process)."""
+    rng = np.random.default_rng([self.seed, draw])
+    return rng.choice(len(self.source), size=self.global_batch_size, replace=self.replace,
+                      p=self.probs)
+
+  def __iter__(self) -> WeightedLoader:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    indices = self.global_indices(self.draws)[self._slice]
+    self.draws += 1
+    return collate_records([to_record(self.source[int(i)]) for i in indices])
+
+  def get_state(self) -> dict[str, Any]:
+    return {"draws": self.draws}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    self.draws = int(state["draws"])

@@ -269,3 +269,49 @@ def test_sharded_loader_errors_name_the_config_key(kwargs, match):
   kwargs = dict(dict(global_batch_size=8, seed=0, process_index=0, process_count=1), **kwargs)
   with pytest.raises(ValueError, match=match):
     task_data.ShardedLoader(source, **kwargs)
+
+
+def test_weighted_loader_follows_the_prior_resumes_and_splits_over_processes():
+  source = task_data.TaskSource(get_task("countdown"), "train", 20)
+  probs = np.zeros(20)
+  probs[[2, 5, 7, 11]] = [4.0, 3.0, 2.0, 1.0]
+  loader = task_data.WeightedLoader(source, global_batch_size=2, probs=probs, seed=3,
+                                    process_index=0, process_count=1)
+  batches = [next(loader) for _ in range(400)]
+  drawn = np.concatenate([b["index"] for b in batches])
+  assert set(drawn) <= {2, 5, 7, 11}
+  assert all(len(set(b["index"])) == 2 for b in batches)  # without replacement in a batch
+  freq = np.bincount(drawn, minlength=20)[[2, 5, 7, 11]] / len(drawn)
+  assert freq[0] > freq[1] > freq[2] > freq[3] > 0  # the prior's order
+  # Records are the pool's own, with every field.
+  assert batches[0]["prompt"][0] == source[int(batches[0]["index"][0])]["prompt"]
+  # Resume: a fresh loader set to the saved state continues exactly.
+  state = loader.get_state()
+  follow = [next(loader)["index"].tolist() for _ in range(3)]
+  again = task_data.WeightedLoader(source, global_batch_size=2, probs=probs, seed=3,
+                                   process_index=0, process_count=1)
+  again.set_state(state)
+  assert [next(again)["index"].tolist() for _ in range(3)] == follow
+  # Two processes read the two halves of the one-process global batch.
+  whole = task_data.WeightedLoader(source, global_batch_size=4, seed=1, process_index=0,
+                                   process_count=1)
+  halves = [task_data.WeightedLoader(source, global_batch_size=4, seed=1, process_index=p,
+                                     process_count=2) for p in (0, 1)]
+  for _ in range(3):
+    assert next(whole)["index"].tolist() == sum((next(h)["index"].tolist() for h in halves), [])
+  # A new prior takes effect at the next draw.
+  loader.set_probs(np.eye(20)[0] + np.eye(20)[1])
+  assert sorted(next(loader)["index"].tolist()) == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+  ({"probs": np.ones(3)}, r"probs has shape \(3,\)"),
+  ({"probs": -np.ones(20)}, "non-negative"),
+  ({"probs": np.eye(20)[0]}, "needs that many"),
+  ({"global_batch_size": 3, "process_count": 2}, "3 records does not split into 2"),
+])
+def test_weighted_loader_errors(kwargs, match):
+  source = task_data.TaskSource(get_task("countdown"), "train", 20)
+  kwargs = {"global_batch_size": 2, "process_index": 0, "process_count": 1, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    task_data.WeightedLoader(source, **kwargs)
