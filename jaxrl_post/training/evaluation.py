@@ -55,6 +55,37 @@ def evaluate(sampler: Sampler, state, task: Task, records: Sequence[Mapping[str,
   return Evaluation(metrics, np.asarray(correct, np.float32), np.asarray(correct_k, np.float32))
 
 
+def sample_pass_rates(sampler: Sampler, state, task: Task,
+                      records: Sequence[Mapping[str, Any]], *, samples: int,
+                      max_new_tokens: int, temperature: float = 1.0,
+                      rng: jax.Array | None = None, prompts_per_call: int = 64,
+                      timeout_s: float | None = None) -> np.ndarray:
+  """Each record's mean verifier correctness over `samples` sampled completions: `[records]`.
+
+  What task-level statistics are made of (TrajVal's endpoint rewards r_e / r_l, arXiv
+  2608.09217; a pilot's success rate for group sizing). Prompts go to the sampler
+  `prompts_per_call` at a time (the last call padded with repeats, so every call has one
+  shape); a record whose every verifier call failed gets NaN.
+  """
+  if samples < 1:
+    raise ValueError(f"samples must be >= 1, got {samples}")
+  rng = jax.random.key(0) if rng is None else rng
+  rates = np.full(len(records), np.nan, np.float32)
+  for start in range(0, len(records), prompts_per_call):
+    chunk = list(records[start:start + prompts_per_call])
+    real = len(chunk)
+    chunk += [chunk[-1]] * (min(prompts_per_call, len(records)) - real)
+    out = sampler.generate(state, [r["prompt"] for r in chunk], n_samples_per_prompt=samples,
+                           max_new_tokens=max_new_tokens, temperature=temperature,
+                           rng=jax.random.fold_in(rng, start))
+    correct, _, _ = rewards_for(task, chunk, sampler.decode_text(out), samples,
+                                timeout_s=timeout_s)
+    with warnings.catch_warnings():  # all-NaN rows stay NaN
+      warnings.simplefilter("ignore", RuntimeWarning)
+      rates[start:start + real] = np.nanmean(correct.reshape(-1, samples), axis=1)[:real]
+  return rates
+
+
 def paired_gain(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
   """Mean per-prompt change in accuracy between two evaluations of the same prompts, and its SE.
 

@@ -179,3 +179,40 @@ def test_ppo_phase_takes_epochs_times_mini_batches_updates_over_every_row():
   assert any((a != b).any() for a, b in zip(seen[:4], seen[4:]))  # reshuffled per epoch
   merged = ppo.merge_update_metrics(updates)
   assert merged == {"loss": 4.5, "skipped": 0.0, "nonfinite_streak": 0.0, "num_updates": 8.0}
+
+
+class _ScriptedSampler:
+  """Stands in for `Sampler`: record i's sample j is "right" when j < record i's `k_right`."""
+
+  def __init__(self):
+    self.calls = []
+
+  def generate(self, state, prompts, *, n_samples_per_prompt, **kwargs):
+    del state, kwargs
+    self.calls.append(len(prompts))
+    return [(p, j) for p in prompts for j in range(n_samples_per_prompt)]
+
+  def decode_text(self, out):
+    return ["right" if j < int(p.split(":")[1]) else "wrong" for p, j in out]
+
+
+class _ScriptedTask:
+
+  def reward(self, record, completion):
+    if record["prompt"].startswith("broken"):
+      raise RuntimeError("verifier bug")
+    return float(completion == "right"), 1.0
+
+
+def test_sample_pass_rates_chunks_pads_and_averages():
+  k_right = [0, 1, 2, 3, 4, 0, 4]
+  records = [{"prompt": f"p{i}:{k}"} for i, k in enumerate(k_right)]
+  records[5] = {"prompt": "broken:0"}
+  sampler = _ScriptedSampler()
+  rates = evaluation.sample_pass_rates(sampler, None, _ScriptedTask(), records, samples=4,
+                                       max_new_tokens=8, prompts_per_call=3)
+  np.testing.assert_allclose(rates, [0.0, 0.25, 0.5, 0.75, 1.0, np.nan, 1.0])
+  assert sampler.calls == [3, 3, 3]  # the last chunk of one record is padded to the shape
+  with pytest.raises(ValueError, match="samples"):
+    evaluation.sample_pass_rates(sampler, None, _ScriptedTask(), records, samples=0,
+                                 max_new_tokens=8)
