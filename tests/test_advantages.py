@@ -38,6 +38,14 @@ def test_registry():
     ADVANTAGES.get("gae")
 
 
+@pytest.mark.parametrize("name", ["grpo", "batch_std", "drgrpo", "rloo"])
+def test_every_estimator_takes_the_methods_keywords(name):
+  # What `methods.grpo.verify_groups` passes to whichever estimator the config names.
+  out = ADVANTAGES.get(name)(REWARDS, GIDS, num_groups=4, eps=1e-6,
+                             reward_weights=jnp.ones((1,), jnp.float32))
+  assert out.shape == REWARDS.shape[:1] and np.all(np.isfinite(out))
+
+
 @pytest.mark.parametrize("ddof, std", [
     (1, [np.sqrt(7.0)] * 2 + [np.sqrt(3.0)] + [np.sqrt(7.0)] + [np.sqrt(3.0)] * 2),  # 14/2, 6/2
     (0, [np.sqrt(14 / 3)] * 2 + [np.sqrt(2.0)] + [np.sqrt(14 / 3)] + [np.sqrt(2.0)] * 2),

@@ -158,13 +158,14 @@ def group_advantages(
   return jnp.where(valid, adv, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames="num_groups")
+@functools.partial(jax.jit, static_argnames=("num_groups", "eps"))
 def rloo_advantages(
     rewards: jax.Array,
     group_ids: jax.Array,
     *,
     num_groups: int | None = None,
     reward_weights: jax.Array | None = None,
+    eps: float | None = None,
 ) -> jax.Array:
   """Leave-one-out (RLOO) advantages: reward minus the mean of the other rows of its group.
 
@@ -175,6 +176,8 @@ def rloo_advantages(
     group_ids: `[batch]` int group ids in `[0, num_groups)`.
     num_groups: static number of segments (default: batch size).
     reward_weights: `[num_funcs]` weights of the reward functions.
+    eps: unused (RLOO divides by no standard deviation); accepted so that every
+      `ADVANTAGES` entry takes the same keywords.
 
   Returns:
     `[batch]` float32 advantages.
@@ -188,6 +191,7 @@ def rloo_advantages(
     Ahmadian et al., Back to Basics: REINFORCE-style optimization (RLOO), arXiv 2402.14740.
     Kool et al., Buy 4 REINFORCE Samples, Get a Baseline for Free! (ICLR 2019 workshop).
   """
+  del eps
   reward, valid, group_ids, num_groups = _prepare(rewards, group_ids, reward_weights, num_groups)
   x = jnp.where(valid, reward, 0.0)
   count = _group_sum(valid.astype(jnp.float32), group_ids, num_groups)
