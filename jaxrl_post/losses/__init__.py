@@ -5,7 +5,9 @@ Arrays in, `(loss, aux)` out; no models or configs. Variants are picked by name 
 distillation family's advantages and transforms through `TV_OPD_ADVANTAGES`,
 `JOINT_OPD_BASELINES`, `GATED_OPD_ADVANTAGES` and `REFLECT_KERNELS` (OPRD's gradient
 correction is `oprd_transform`, OCSD's advantage `ocsd_advantages`, ICE's distillation term
-`ice_filtered_forward_kl`).
+`ice_filtered_forward_kl`). The RL family's terms: `REGULARIZERS` (CoKL's `cokl_loss`, CD-RFT's
+`cd_rft_penalty`), `GROUP_LOSSES` (CANOPY's `canopy_loss`), `TOKEN_ALLOCATIONS` (FACTOR's
+`factor_token_coef`, with `factor_loss`) and `RISK_SENSITIVITIES` (RAPO's `rapo_scale`).
 """
 
 from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
@@ -13,6 +15,30 @@ from jaxrl_post.losses.aggregation import Normalizers as Normalizers
 from jaxrl_post.losses.aggregation import aggregate as aggregate
 from jaxrl_post.losses.aggregation import loss_normalizers as loss_normalizers
 from jaxrl_post.losses.aggregation import nll_loss as nll_loss
+from jaxrl_post.losses.canopy import GROUP_LOSSES as GROUP_LOSSES
+from jaxrl_post.losses.canopy import CanopyAux as CanopyAux
+from jaxrl_post.losses.canopy import canopy_advantages as canopy_advantages
+from jaxrl_post.losses.canopy import canopy_loss as canopy_loss
+from jaxrl_post.losses.canopy import group_coverage as group_coverage
+from jaxrl_post.losses.cd_rft import BLOCK_NAMES as BLOCK_NAMES
+from jaxrl_post.losses.cd_rft import GAMMA as GAMMA
+from jaxrl_post.losses.cd_rft import GRANULARITIES as GRANULARITIES
+from jaxrl_post.losses.cd_rft import activation_concentration as activation_concentration
+from jaxrl_post.losses.cd_rft import cd_rft_penalty as cd_rft_penalty
+from jaxrl_post.losses.cd_rft import component_ids as component_ids
+from jaxrl_post.losses.cd_rft import control_gap as control_gap
+from jaxrl_post.losses.cd_rft import control_matrix as control_matrix
+from jaxrl_post.losses.cd_rft import scb as scb
+from jaxrl_post.losses.cokl import COKL_EPS as COKL_EPS
+from jaxrl_post.losses.cokl import PROMPT_MEANS as PROMPT_MEANS
+from jaxrl_post.losses.cokl import CoKLAux as CoKLAux
+from jaxrl_post.losses.cokl import ReferenceAnswers as ReferenceAnswers
+from jaxrl_post.losses.cokl import ReferenceBatch as ReferenceBatch
+from jaxrl_post.losses.cokl import cokl_loss as cokl_loss
+from jaxrl_post.losses.cokl import reference_answers_get as reference_answers_get
+from jaxrl_post.losses.cokl import reference_answers_init as reference_answers_init
+from jaxrl_post.losses.cokl import reference_answers_put as reference_answers_put
+from jaxrl_post.losses.cokl import sequence_logp as sequence_logp
 from jaxrl_post.losses.distillation import OPD_REWARDS as OPD_REWARDS
 from jaxrl_post.losses.distillation import DomainMetrics as DomainMetrics
 from jaxrl_post.losses.distillation import DomainStats as DomainStats
@@ -39,6 +65,18 @@ from jaxrl_post.losses.distillation import rollout_domain_weights as rollout_dom
 from jaxrl_post.losses.distillation import sampled_token_opd_reward as sampled_token_opd_reward
 from jaxrl_post.losses.distillation import topk_opd_reward as topk_opd_reward
 from jaxrl_post.losses.distillation import topk_staleness_kl as topk_staleness_kl
+from jaxrl_post.losses.factor import ETA_END as ETA_END
+from jaxrl_post.losses.factor import ETA_START as ETA_START
+from jaxrl_post.losses.factor import TOKEN_ALLOCATIONS as TOKEN_ALLOCATIONS
+from jaxrl_post.losses.factor import ActionTokens as ActionTokens
+from jaxrl_post.losses.factor import FactorLossAux as FactorLossAux
+from jaxrl_post.losses.factor import action_mean_multiplier as action_mean_multiplier
+from jaxrl_post.losses.factor import actions_to_tokens as actions_to_tokens
+from jaxrl_post.losses.factor import factor_eta as factor_eta
+from jaxrl_post.losses.factor import factor_loss as factor_loss
+from jaxrl_post.losses.factor import factor_token_coef as factor_token_coef
+from jaxrl_post.losses.factor import tokens_to_actions as tokens_to_actions
+from jaxrl_post.losses.factor import uniform_token_coef as uniform_token_coef
 from jaxrl_post.losses.gated_opd import GATED_OPD_ADVANTAGES as GATED_OPD_ADVANTAGES
 from jaxrl_post.losses.gated_opd import TeacherGate as TeacherGate
 from jaxrl_post.losses.gated_opd import gated_opd_advantages as gated_opd_advantages
@@ -96,11 +134,20 @@ from jaxrl_post.losses.policy import gspo_token_loss as gspo_token_loss
 from jaxrl_post.losses.policy import policy_loss as policy_loss
 from jaxrl_post.losses.policy import sampler_importance_weights as sampler_importance_weights
 from jaxrl_post.losses.policy import sapo_loss as sapo_loss
+from jaxrl_post.losses.rapo import NORMALISERS as NORMALISERS
+from jaxrl_post.losses.rapo import RISK_SENSITIVITIES as RISK_SENSITIVITIES
+from jaxrl_post.losses.rapo import ZSCORE_EPS as ZSCORE_EPS
+from jaxrl_post.losses.rapo import collision_sensitivity as collision_sensitivity
+from jaxrl_post.losses.rapo import rapo_reliability as rapo_reliability
+from jaxrl_post.losses.rapo import rapo_risk as rapo_risk
+from jaxrl_post.losses.rapo import rapo_scale as rapo_scale
+from jaxrl_post.losses.rapo import sampled_token_sensitivity as sampled_token_sensitivity
 from jaxrl_post.losses.reflect_rl import REFLECT_KERNELS as REFLECT_KERNELS
 from jaxrl_post.losses.reflect_rl import reflective_count as reflective_count
 from jaxrl_post.losses.reflect_rl import reflective_fraction as reflective_fraction
 from jaxrl_post.losses.reflect_rl import reflective_rows as reflective_rows
 from jaxrl_post.losses.reflect_rl import truncate_negative as truncate_negative
+from jaxrl_post.losses.regularizers import REGULARIZERS as REGULARIZERS
 from jaxrl_post.losses.tv_opd import TV_OPD_ADVANTAGES as TV_OPD_ADVANTAGES
 from jaxrl_post.losses.tv_opd import TVOPDState as TVOPDState
 from jaxrl_post.losses.tv_opd import TVStats as TVStats

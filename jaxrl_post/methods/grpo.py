@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_post import advantages as advantages_lib
+from jaxrl_post.methods import cokl_regularizer, group_replay, sample_scale, task_priors
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.parallel.reshard import reshard_state
@@ -268,21 +269,31 @@ class GRPO:
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
     self.objective = policy_objective(config)
-    self.loss_fn = self.objective.loss_fn
+    self.scale = sample_scale.build_sample_scale(config)
+    self.replay = group_replay.build_group_replay(config)
+    self.regularizer = cokl_regularizer.build_regularizer(config)
+    self.loss_fn = (self.objective.loss_fn if self.regularizer is None
+                    else self.regularizer.wrap_loss(self.objective.loss_fn))
     self.model = model
     return model
 
   def start(self, run: loop.Run, state) -> None:
     config = self.config
     self.run = run
+    shared = () if self.regularizer is None else cokl_regularizer.SHARED_KEYS
     self.runtime = policy_runtime(run, config, self.model, self.tokenizer, self.task,
-                                  self.loss_fn)
+                                  self.loss_fn, shared=shared)
     self.step_fn, self.sampler, self.scorer, self.evaluator = self.runtime
+    if self.regularizer is not None:
+      self.regularizer.start(state.params)
     # Without a KL term (β = 0, the default) no reference is kept: a frozen copy would cost a
     # whole model of device memory for nothing. It is the starting policy, in the trainer's
     # layout, also after a restart.
     self.reference = (jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None)
-    self.data_iter = iter(task_loader(config, self.task, config.prompts_per_step))
+    # Which pool tasks each step draws: a shuffled pass, or a prior (`methods.task_priors`).
+    self.prior = task_priors.build_task_prior(config, self.task)
+    self.data_iter = (self.prior.loader if self.prior is not None
+                      else iter(task_loader(config, self.task, config.prompts_per_step)))
     self.rng = jax.random.key(config.seed + 1)
 
   def state_dict(self) -> dict[str, Any]:
@@ -292,6 +303,18 @@ class GRPO:
     if "data" in state:
       self.data_iter.set_state(state["data"])
 
+  def parts(self) -> dict[str, Any]:
+    """The optional parts of the step that keep state (`array_state`)."""
+    parts = {"prior": self.prior, "replay": self.replay, "regularizer": self.regularizer}
+    return {k: part for k, part in parts.items() if part is not None}
+
+  def array_state(self) -> dict[str, Any]:
+    return {k: part.array_state() for k, part in self.parts().items()}
+
+  def load_array_state(self, arrays: Mapping[str, Any]) -> None:
+    for key, part in self.parts().items():
+      part.load_array_state(arrays[key])
+
   def rollout(self, state, records, step: int, timings: dict[str, float]):
     """`group_size` completions per record, sampled with the sampler's copy of the policy."""
     return sample_groups(self.runtime, state.params, [r["prompt"] for r in records],
@@ -300,6 +323,7 @@ class GRPO:
   def step(self, state, step: int):
     config, run = self.config, self.run
     timings: dict[str, float] = {}
+    extra = {} if self.prior is None else self.prior.begin_step(self, state, step)
     records = global_records(self.data_iter)
     rollout = self.rollout(state, records, step, timings)
     texts = self.sampler.decode_text(rollout)
@@ -308,13 +332,32 @@ class GRPO:
     put = functools.partial(put_batch, mesh=run.train_mesh, rules=run.train_rules)
     batch, old_logp = score_rollout(self.runtime, config, put, state.params, rollout,
                                     verified.adv, timings, reference=self.reference)
+    if self.scale is not None:
+      lam, rho, scale_metrics = self.scale(verified.correct, batch["old_logp"],
+                                           batch["completion_mask"])
+      rows_lam = np.repeat(lam, config.group_size)
+      batch["adv"] = np.asarray(batch["adv"]) * rows_lam.reshape(
+        (-1,) + (1,) * (np.ndim(batch["adv"]) - 1))
+      extra = extra | scale_metrics
+      if self.prior is not None:
+        self.prior.observe(np.asarray([r["index"] for r in records]), verified.correct, rho)
+    fresh = batch
+    if self.replay is not None:
+      replayed, replay_metrics = self.replay.select(self.scorer, state.params, put)
+      batch = group_replay.concat_rows(fresh, replayed, multiple=config.trim_completions_to)
+      extra = extra | replay_metrics
+    if self.regularizer is not None:
+      extra = extra | self.regularizer.prepare(self, records, step)
+      batch = batch | self.regularizer.block(fresh, records, verified.correct)
     tic = time.perf_counter()
     state, updates = ppo.ppo_phase(
       self.step_fn, state, batch, epochs=config.ppo_epochs, mini_batches=config.ppo_mini_batches,
       rng=np.random.default_rng([config.seed, step]), put=put)
     timings["time/update"] = time.perf_counter() - tic
-    return state, step_record(updates, rollout, old_logp, verified, batch["completion_mask"],
-                              timings)
+    if self.replay is not None:
+      extra = extra | self.replay.add(fresh, verified.correct, step)
+    record = step_record(updates, rollout, old_logp, verified, fresh["completion_mask"], timings)
+    return state, record | extra
 
   def evaluate(self, state, step: int) -> dict[str, float]:
     return self.evaluator(state.params, step)

@@ -1,5 +1,9 @@
 """Decoder LMs (Llama / Qwen2 / Qwen3 / SmolLM3), Hugging Face checkpoints, and the small
-multimodal models built on them (a dense detector, a point-cloud quality rater)."""
+multimodal models built on them (a dense detector, a point-cloud quality rater).
+
+`subspace` (import it directly) holds GCPO's principal-subspace constraint on low-rank weight
+updates (arXiv 2608.11674): bases, the projected update, overlap diagnostics,
+`SUBSPACE_CONSTRAINTS`."""
 
 from jaxrl_post.models.configs import MODEL_PRESETS, get_model_config
 from jaxrl_post.models.model_config import REMAT_POLICIES, ModelConfig, RopeScaling

@@ -14,4 +14,7 @@ light tools do not pay for JAX):
   dense-detection metrics (Falcon Perception-HD, arXiv 2608.18881).
 * `ranking`: Thurstone fidelity ranking, Gaussian proximity and format rewards (PCQA-R1,
   arXiv 2608.18627); `quality_metrics`: SRCC / KRCC / PLCC after the 4-parameter logistic, RMSE.
+* `rubrics`: rubric verdicts as arrays — DRACO's discriminative dropout, reward and step
+  citation counts (arXiv 2609.04094), CARE's weighted pass score and evolution decision
+  (arXiv 2609.00892) — named in `RUBRIC_REWARDS`.
 """

@@ -9,10 +9,12 @@ Registered tasks (`TASKS`): `"arith"` (multi-digit arithmetic with worked steps)
 `"jsonl"` and `"parquet"` (GSM8K-style question / answer files), `"mixture"` (several of these
 as labelled domains, for multi-teacher distillation). Modules: `base` (interface,
 record format, answer parsing), one module per task, `expressions` (the safe expression
-evaluator) and `data` (tfds builder and grain loader; import it explicitly, as it loads
-tensorflow-datasets). Two non-text data modules have their own APIs and are not registered
-`Task`s: `dense_scenes` (images of up to 500+ objects with referring queries, for the dense
-detector) and `point_clouds` (distorted point clouds with hidden MOS, for quality rating).
+evaluator), `priors` (task-sampling priors over a pool: TrajVal's learnability prior, RAPO's
+risk buckets, CANOPY's signal-coverage group sizing) and `data` (tfds builder and grain loader;
+import it explicitly, as it loads tensorflow-datasets). Two non-text data modules have their
+own APIs and are not registered `Task`s: `dense_scenes` (images of up to 500+ objects with
+referring queries, for the dense detector) and `point_clouds` (distorted point clouds with
+hidden MOS, for quality rating).
 """
 
 from jaxrl_post.tasks import arithmetic, countdown, files, format_following
@@ -31,11 +33,26 @@ from jaxrl_post.tasks.base import (
 from jaxrl_post.tasks.countdown import CountdownTask
 from jaxrl_post.tasks.files import FileQATask, JsonlTask, ParquetTask
 from jaxrl_post.tasks.format_following import FormatFollowingTask
+from jaxrl_post.tasks.priors import (
+  TASK_PRIORS,
+  bucket_probs,
+  check_group_size,
+  combine_with_online,
+  endpoint_rewards,
+  min_group_size,
+  risk_buckets,
+  sample_tasks,
+  signal_coverage,
+  trajval_scores,
+  trajval_weights,
+  uniform_prior,
+)
 
 __all__ = [
   "FINAL_ANSWER_MARKER",
   "RECORD_FIELDS",
   "TASKS",
+  "TASK_PRIORS",
   "ArithmeticTask",
   "CountdownTask",
   "FileQATask",
@@ -45,10 +62,21 @@ __all__ = [
   "Reward",
   "Task",
   "arithmetic",
+  "bucket_probs",
+  "check_group_size",
+  "combine_with_online",
   "countdown",
+  "endpoint_rewards",
   "files",
   "final_answer",
   "format_following",
   "get_task",
+  "min_group_size",
   "parse_meta",
+  "risk_buckets",
+  "sample_tasks",
+  "signal_coverage",
+  "trajval_scores",
+  "trajval_weights",
+  "uniform_prior",
 ]

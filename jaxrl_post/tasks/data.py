@@ -335,8 +335,10 @@ class WeightedLoader:
     self.draws = 0
     self.set_probs(np.full(len(source), 1.0 / len(source)) if probs is None else probs)
 
-  def set_probs(self, probs) -> None:
-    """Replaces the prior: `probs [len(source)]`, non-negative, normalised here."""
+  def set_probs(self, probs, *, normalise: bool = True) -> None:
+    """Replaces the prior: `probs [len(source)]`, non-negative, normalised here unless
+    `normalise=False` (restoring a saved prior bit for bit: normalising again can move its last
+    bits, and with them the draws)."""
     probs = np.asarray(probs, np.float64)
     if probs.shape != (len(self.source),):
       raise ValueError(f"probs has shape {probs.shape}; expected ({len(self.source)},), one "
@@ -346,7 +348,9 @@ class WeightedLoader:
     if not self.replace and np.count_nonzero(probs) < self.global_batch_size:
       raise ValueError(f"probs gives {np.count_nonzero(probs)} tasks a non-zero probability; a "
                        f"batch of {self.global_batch_size} without replacement needs that many")
-    self.probs = probs / probs.sum()
+    if not normalise and abs(probs.sum() - 1.0) > 1e-9:
+      raise ValueError(f"probs sums to {probs.sum()}, not 1, with normalise=False")
+    self.probs = probs / probs.sum() if normalise else probs
 
   def global_indices(self, draw: int) -> np.ndarray:
     """The pool indices of the `draw`-th global batch (the same on every process)."""

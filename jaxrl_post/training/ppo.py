@@ -66,6 +66,10 @@ def ppo_mini_batches(batch: Mapping[str, Any], num_mini_batches: int,
   if num_mini_batches < 1 or rows % num_mini_batches:
     raise ValueError(f"config.ppo_mini_batches={num_mini_batches} must divide the "
                      f"{rows} rollouts of a step")
+  if num_mini_batches == 1:
+    # The whole batch, as it is: keys that are not per row (a per-prompt block, a scalar)
+    # pass through; shuffling one mini-batch's rows would change nothing.
+    return [with_normalizers(dict(batch), mask_key)]
   order = rng.permutation(rows)
   size = rows // num_mini_batches
   chunks = [np.sort(order[i * size:(i + 1) * size]) for i in range(num_mini_batches)]
