@@ -41,8 +41,6 @@ from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import score_model
 
 REGULARIZER_NAMES = ("none", "cokl")
-# The block's keys; `cokl_num_active` is one number for the whole step (not split).
-SHARED_KEYS = ("cokl_num_active",)
 
 
 def _fit_width(x: np.ndarray, width: int, fill) -> np.ndarray:
@@ -54,6 +52,9 @@ def _fit_width(x: np.ndarray, width: int, fill) -> np.ndarray:
 
 class CoKLRegularizer:
   """CoKL's reference-answer cache, its batch block and its loss term; see the module docstring."""
+
+  # The block's keys; `cokl_num_active` is one number for the whole step (not split).
+  shared_keys = ("cokl_num_active",)
 
   def __init__(self, config):
     knobs = config.regularizer
@@ -106,9 +107,16 @@ class CoKLRegularizer:
 
   # ---- the reference answers ----
 
-  def start(self, params) -> None:
+  def start(self, method, state) -> None:
     """Keeps the starting policy as the frozen reference (its answers are sampled lazily)."""
-    self.reference = jax.tree.map(jnp.copy, params)
+    del method
+    self.reference = jax.tree.map(jnp.copy, state.params)
+
+  def transform(self, method, state, batch, ctx):
+    """The `step_parts` hook: caches new prompts' reference answers, adds the `cokl_*` block."""
+    del state
+    metrics = self.prepare(method, ctx.records, ctx.step)
+    return batch | self.block(ctx.fresh, ctx.records, ctx.verified.correct), metrics
 
   def prepare(self, method, records, step: int) -> dict[str, float]:
     """Samples and caches the reference answers of the step's prompts not tried before."""

@@ -141,6 +141,16 @@ class GroupReplay:
                "time/replay_select": time.perf_counter() - tic}
     return batch, metrics
 
+  def transform(self, method, state, batch, ctx):
+    """The `step_parts` hook: the step's batch plus `budget` replayed groups' rows."""
+    replayed, metrics = self.select(method.scorer, state.params, ctx.put)
+    return concat_rows(batch, replayed, multiple=self.config.trim_completions_to), metrics
+
+  def after_update(self, method, ctx) -> dict[str, float]:
+    """The `step_parts` hook: the step's fresh groups enter the buffer."""
+    del method
+    return self.add(ctx.fresh, ctx.verified.correct, ctx.step)
+
   # ---- E: the fresh groups enter the buffer after the update ----
 
   def add(self, fresh: Mapping[str, Any], correct: np.ndarray, step: int) -> dict[str, float]:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_post import advantages as advantages_lib
-from jaxrl_post.methods import cokl_regularizer, group_replay, sample_scale, task_priors
+from jaxrl_post.methods import step_parts
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.parallel.reshard import reshard_state
@@ -269,32 +269,37 @@ class GRPO:
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
     self.objective = policy_objective(config)
-    self.scale = sample_scale.build_sample_scale(config)
-    self.replay = group_replay.build_group_replay(config)
-    self.regularizer = cokl_regularizer.build_regularizer(config)
-    self.loss_fn = (self.objective.loss_fn if self.regularizer is None
-                    else self.regularizer.wrap_loss(self.objective.loss_fn))
+    # The optional parts of the step (`methods.step_parts`): priors, scales, replay, terms.
+    self.parts = step_parts.build_step_parts(config, self.task)
+    self.loss_fn, self.shared_keys = self.objective.loss_fn, ()
+    for part in self.parts.values():
+      if hasattr(part, "wrap_loss"):
+        self.loss_fn = part.wrap_loss(self.loss_fn)
+        self.shared_keys += tuple(part.shared_keys)
     self.model = model
     return model
+
+  def hooks(self, name: str):
+    """The parts that implement hook `name`, in run order."""
+    return [getattr(part, name) for part in self.parts.values() if hasattr(part, name)]
 
   def start(self, run: loop.Run, state) -> None:
     config = self.config
     self.run = run
-    shared = () if self.regularizer is None else cokl_regularizer.SHARED_KEYS
     self.runtime = policy_runtime(run, config, self.model, self.tokenizer, self.task,
-                                  self.loss_fn, shared=shared)
+                                  self.loss_fn, shared=self.shared_keys)
     self.step_fn, self.sampler, self.scorer, self.evaluator = self.runtime
-    if self.regularizer is not None:
-      self.regularizer.start(state.params)
     # Without a KL term (β = 0, the default) no reference is kept: a frozen copy would cost a
     # whole model of device memory for nothing. It is the starting policy, in the trainer's
     # layout, also after a restart.
     self.reference = (jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None)
-    # Which pool tasks each step draws: a shuffled pass, or a prior (`methods.task_priors`).
-    self.prior = task_priors.build_task_prior(config, self.task)
-    self.data_iter = (self.prior.loader if self.prior is not None
+    # Which pool tasks each step draws: a shuffled pass, or a part's loader (a task prior).
+    loaders = [part.loader for part in self.parts.values() if hasattr(part, "loader")]
+    self.data_iter = (loaders[0] if loaders
                       else iter(task_loader(config, self.task, config.prompts_per_step)))
     self.rng = jax.random.key(config.seed + 1)
+    for start in self.hooks("start"):
+      start(self, state)
 
   def state_dict(self) -> dict[str, Any]:
     return {"data": self.data_iter.get_state()}
@@ -303,17 +308,14 @@ class GRPO:
     if "data" in state:
       self.data_iter.set_state(state["data"])
 
-  def parts(self) -> dict[str, Any]:
-    """The optional parts of the step that keep state (`array_state`)."""
-    parts = {"prior": self.prior, "replay": self.replay, "regularizer": self.regularizer}
-    return {k: part for k, part in parts.items() if part is not None}
-
   def array_state(self) -> dict[str, Any]:
-    return {k: part.array_state() for k, part in self.parts().items()}
+    return {k: part.array_state() for k, part in self.parts.items()
+            if hasattr(part, "array_state")}
 
   def load_array_state(self, arrays: Mapping[str, Any]) -> None:
-    for key, part in self.parts().items():
-      part.load_array_state(arrays[key])
+    for key, part in self.parts.items():
+      if hasattr(part, "load_array_state"):
+        part.load_array_state(arrays[key])
 
   def rollout(self, state, records, step: int, timings: dict[str, float]):
     """`group_size` completions per record, sampled with the sampler's copy of the policy."""
@@ -323,40 +325,34 @@ class GRPO:
   def step(self, state, step: int):
     config, run = self.config, self.run
     timings: dict[str, float] = {}
-    extra = {} if self.prior is None else self.prior.begin_step(self, state, step)
+    extra: dict[str, float] = {}
+    for begin_step in self.hooks("begin_step"):
+      extra |= begin_step(self, state, step)
     records = global_records(self.data_iter)
     rollout = self.rollout(state, records, step, timings)
     texts = self.sampler.decode_text(rollout)
     verified = verify_groups(self.objective, self.task, records, texts, rollout.group_ids,
                              config)
     put = functools.partial(put_batch, mesh=run.train_mesh, rules=run.train_rules)
+    ctx = step_parts.StepContext(step, records, rollout, verified, {}, put)
+    for rewards in self.hooks("rewards"):
+      verified, metrics = rewards(self, ctx)
+      ctx, extra = ctx._replace(verified=verified), extra | metrics
     batch, old_logp = score_rollout(self.runtime, config, put, state.params, rollout,
                                     verified.adv, timings, reference=self.reference)
-    if self.scale is not None:
-      lam, rho, scale_metrics = self.scale(verified.correct, batch["old_logp"],
-                                           batch["completion_mask"])
-      rows_lam = np.repeat(lam, config.group_size)
-      batch["adv"] = np.asarray(batch["adv"]) * rows_lam.reshape(
-        (-1,) + (1,) * (np.ndim(batch["adv"]) - 1))
-      extra = extra | scale_metrics
-      if self.prior is not None:
-        self.prior.observe(np.asarray([r["index"] for r in records]), verified.correct, rho)
-    fresh = batch
-    if self.replay is not None:
-      replayed, replay_metrics = self.replay.select(self.scorer, state.params, put)
-      batch = group_replay.concat_rows(fresh, replayed, multiple=config.trim_completions_to)
-      extra = extra | replay_metrics
-    if self.regularizer is not None:
-      extra = extra | self.regularizer.prepare(self, records, step)
-      batch = batch | self.regularizer.block(fresh, records, verified.correct)
+    ctx = ctx._replace(fresh=batch)
+    for transform in self.hooks("transform"):
+      batch, metrics = transform(self, state, batch, ctx)
+      extra |= metrics
     tic = time.perf_counter()
     state, updates = ppo.ppo_phase(
       self.step_fn, state, batch, epochs=config.ppo_epochs, mini_batches=config.ppo_mini_batches,
       rng=np.random.default_rng([config.seed, step]), put=put)
     timings["time/update"] = time.perf_counter() - tic
-    if self.replay is not None:
-      extra = extra | self.replay.add(fresh, verified.correct, step)
-    record = step_record(updates, rollout, old_logp, verified, fresh["completion_mask"], timings)
+    for after_update in self.hooks("after_update"):
+      extra |= after_update(self, ctx)
+    record = step_record(updates, rollout, old_logp, verified, ctx.fresh["completion_mask"],
+                         timings)
     return state, record | extra
 
   def evaluate(self, state, step: int) -> dict[str, float]:

@@ -59,6 +59,18 @@ class RiskScale:
                "train/rapo_sensitivity": float(np.mean(sens))}
     return lam, rho, metrics
 
+  def transform(self, method, state, batch, ctx):
+    """The `step_parts` hook: every row's advantage × its prompt's λ; the risks go to a task
+    prior that observes them (RAPO's R-Bucket)."""
+    del state
+    lam, rho, metrics = self(ctx.verified.correct, batch["old_logp"], batch["completion_mask"])
+    adv = np.asarray(batch["adv"])
+    rows_lam = np.repeat(lam, self.group_size).reshape((-1,) + (1,) * (adv.ndim - 1))
+    prior = method.parts.get("task_prior")
+    if hasattr(prior, "observe"):
+      prior.observe(np.asarray([r["index"] for r in ctx.records]), rho)
+    return dict(batch, adv=adv * rows_lam), metrics
+
 
 def build_sample_scale(config):
   """The configured scale (`config.sample_scale.name`), or None ("none")."""

@@ -110,9 +110,6 @@ class TrajValPrior:
       np.nan_to_num(self.r_early), np.nan_to_num(self.r_late), gamma=self.knobs.gamma,
       floor=self.knobs.floor), np.float64))
 
-  def observe(self, indices: np.ndarray, rewards: np.ndarray, values: np.ndarray) -> None:
-    del indices, rewards, values  # static
-
   def array_state(self) -> dict[str, Any]:
     return {"r_early": self.r_early, "r_late": self.r_late, "ready": np.bool_(self.ready)}
 
@@ -151,9 +148,8 @@ class RiskBucketPrior:
       np.float64))
     return {"prior/seen_fraction": float(seen.mean())} | prior_probs_metrics(self.loader.probs)
 
-  def observe(self, indices: np.ndarray, rewards: np.ndarray, values: np.ndarray) -> None:
+  def observe(self, indices: np.ndarray, values: np.ndarray) -> None:
     """Records the risk ρ `values[i]` of pool task `indices[i]` (its latest draw wins)."""
-    del rewards
     self.risk[np.asarray(indices, np.int64)] = np.asarray(values, np.float32)
 
   def array_state(self) -> dict[str, Any]:

@@ -33,15 +33,15 @@ def test_cokl_caches_reference_answers_and_resumes_exactly(tmp_path, format_writ
   straight = _train(_config(init_from=init), tmp_path / "straight")
   records = [r for r in read_metrics(tmp_path / "straight") if "train/loss" in r]
   sampled = [r["cokl/ref_prompts_sampled"] for r in records]
-  reg = straight.regularizer
+  reg = straight.parts["regularizer"]
   assert sum(sampled) == reg.tried.sum() and sampled[0] == 2  # each prompt sampled once
   assert all("train/cokl_loss" in r for r in records)
 
   _train(_config(init_from=init, steps=2), tmp_path / "resumed")
   resumed = _train(_config(init_from=init), tmp_path / "resumed")
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
-  np.testing.assert_array_equal(resumed.regularizer.tried, reg.tried)
-  np.testing.assert_array_equal(resumed.regularizer.cache.count, reg.cache.count)
+  np.testing.assert_array_equal(resumed.parts["regularizer"].tried, reg.tried)
+  np.testing.assert_array_equal(resumed.parts["regularizer"].cache.count, reg.cache.count)
   for key in ("train/loss", "train/cokl_loss", "cokl/ref_prompts_sampled"):
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key
 

@@ -33,7 +33,7 @@ def test_replay_fills_replays_and_resumes_exactly(tmp_path, format_writer_policy
   records = [r for r in read_metrics(tmp_path / "straight") if "train/loss" in r]
   assert records[0]["replay/accepted"] == 0  # nothing stored before the first update
   admitted = np.cumsum([r["replay/admitted"] for r in records])
-  buffer = straight.replay.buffer
+  buffer = straight.parts["replay"].buffer
   assert int(buffer.count) == min(admitted[-1], 4)
   # From step 2 on, whatever was admitted before is a candidate (τ = 1 in runlocal accepts all).
   for r, before in zip(records[1:], admitted[:-1]):
@@ -46,8 +46,8 @@ def test_replay_fills_replays_and_resumes_exactly(tmp_path, format_writer_policy
   resumed = _train(_config(init_from=init), tmp_path / "resumed")
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
   for field in buffer._fields:
-    np.testing.assert_array_equal(getattr(resumed.replay.buffer, field), getattr(buffer, field),
-                                  err_msg=field)
+    got = getattr(resumed.parts["replay"].buffer, field)
+    np.testing.assert_array_equal(got, getattr(buffer, field), err_msg=field)
   for key in ("train/loss", "replay/accepted", "replay/admitted", "train/grad_norm"):
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key
 

@@ -34,15 +34,16 @@ def test_rapo_scales_redraws_and_resumes_exactly(tmp_path, format_writer_policy)
   assert all(0.2 <= r["train/rapo_lambda_min"] <= r["train/rapo_lambda_mean"] <= 1.0
              for r in steps)
   # Risks were observed for the drawn tasks, and the prior was refreshed (steps 3, 5, ...).
-  assert np.isfinite(straight.prior.risk).sum() >= 4
+  assert np.isfinite(straight.parts["task_prior"].risk).sum() >= 4
   assert [r["step"] for r in records if "prior/seen_fraction" in r] == [3]
-  assert not np.allclose(straight.prior.loader.probs, 1 / 16)
+  assert not np.allclose(straight.parts["task_prior"].loader.probs, 1 / 16)
 
   _train(_config(init_from=init, steps=2), tmp_path / "resumed")
   resumed = _train(_config(init_from=init), tmp_path / "resumed")
   again = read_metrics(tmp_path / "resumed")
-  np.testing.assert_array_equal(resumed.prior.risk, straight.prior.risk)
-  np.testing.assert_array_equal(resumed.prior.loader.probs, straight.prior.loader.probs)
+  prior, want = resumed.parts["task_prior"], straight.parts["task_prior"]
+  np.testing.assert_array_equal(prior.risk, want.risk)
+  np.testing.assert_array_equal(prior.loader.probs, want.loader.probs)
   for key in ("train/loss", "train/rapo_lambda_mean", "train/reward_correct"):
     want = [(r["step"], r[key]) for r in records if key in r]
     assert [(r["step"], r[key]) for r in again if key in r] == want, key

@@ -33,7 +33,7 @@ def test_trajval_probe_then_prior_and_exact_resume(tmp_path, format_writer_polic
   config = _config("runlocal", init_from=init, eval_every=100)
   config.task_prior.probe = str(tmp_path / "probe")
   straight = _train(config, tmp_path / "straight")
-  prior = straight.prior
+  prior = straight.parts["task_prior"]
   assert prior.ready and prior.r_early.shape == (16,)
   np.testing.assert_allclose(prior.loader.probs, trajval_weights(
     prior.r_early, prior.r_late, gamma=0.3, floor=0.05), rtol=1e-6)
@@ -48,8 +48,8 @@ def test_trajval_probe_then_prior_and_exact_resume(tmp_path, format_writer_polic
   resumed = _train(config, tmp_path / "resumed")
   again = read_metrics(tmp_path / "resumed")
   assert [r["step"] for r in again if "prior/r_early" in r] == [1]  # not scored again
-  np.testing.assert_array_equal(resumed.prior.r_early, prior.r_early)
-  np.testing.assert_array_equal(resumed.prior.loader.probs, prior.loader.probs)
+  np.testing.assert_array_equal(resumed.parts["task_prior"].r_early, prior.r_early)
+  np.testing.assert_array_equal(resumed.parts["task_prior"].loader.probs, prior.loader.probs)
   for key in ("train/loss", "train/reward_correct", "train/grad_norm"):
     want = [(r["step"], r[key]) for r in records if key in r]
     assert [(r["step"], r[key]) for r in again if key in r] == want, key

@@ -75,7 +75,7 @@ def test_risk_buckets_refresh_from_observed_risks():
   prior = task_priors.build_task_prior(config, get_task("arith"))
   assert prior.begin_step(None, None, 1) == {}
   risk = np.linspace(0.05, 0.95, 6).astype(np.float32)
-  prior.observe(np.arange(6), None, risk)
+  prior.observe(np.arange(6), risk)
   assert prior.begin_step(None, None, 2) == {}  # not a refresh step (1, 3, 5, ...)
   metrics = prior.begin_step(None, None, 3)
   assert metrics["prior/seen_fraction"] == pytest.approx(0.5)

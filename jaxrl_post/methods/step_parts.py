@@ -1,0 +1,51 @@
+"""Optional parts of a GRPO-family step, chosen by config sections (`GRPO` runs them in order).
+
+A part is an object with any of these hooks (all optional; `method` is the running `GRPO`,
+which exposes `task`, `sampler`, `scorer`, `evaluator`, `config` and the other parts):
+
+  start(method, state)                         after the runtime is built (the starting policy)
+  loader                                       attribute: replaces the shuffled data pass
+  begin_step(method, state, step) -> metrics   before the step's prompts are drawn
+  rewards(method, ctx) -> (verified, metrics)  replaces the verifier outcome / advantages
+  transform(method, state, batch, ctx) -> (batch, metrics)   rewrites the actor batch
+  after_update(method, ctx) -> metrics         after the PPO phase
+  wrap_loss(loss_fn) -> loss_fn; shared_keys   adds a loss term (and its global batch scalars)
+  array_state() / load_array_state(tree)       state checkpointed with the run
+
+`StepContext` carries what the step has produced so far. Config sections and their parts, in
+the order they run:
+
+  task_prior     methods.task_priors       TrajVal's learnability prior, RAPO's risk buckets
+  sample_scale   methods.sample_scale      RAPO's per-prompt loss scale
+  replay         methods.group_replay      Headroom-Drift replay and its baselines
+  regularizer    methods.cokl_regularizer  CoKL's correctness-conditioned KL
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from jaxrl_post.methods import cokl_regularizer, group_replay, sample_scale, task_priors
+
+
+class StepContext(NamedTuple):
+  """What a GRPO step has produced when a part's hook runs."""
+
+  step: int
+  records: list[dict[str, Any]]  # the step's prompts (global batch, record-major)
+  rollout: Any  # `sampling.Rollout`: `group_size` completions per record
+  verified: Any  # `methods.grpo.Verified`: rewards and advantages
+  fresh: dict[str, Any]  # the step's own rows of the actor batch (host arrays)
+  put: Any  # places a host batch on the trainer's mesh
+
+
+def build_step_parts(config, task) -> dict[str, Any]:
+  """The configured parts, by config section, in run order (sections set to "none" are left
+  out). Each builder validates its section and raises a ValueError naming the key."""
+  parts = {
+    "task_prior": task_priors.build_task_prior(config, task),
+    "sample_scale": sample_scale.build_sample_scale(config),
+    "replay": group_replay.build_group_replay(config),
+    "regularizer": cokl_regularizer.build_regularizer(config),
+  }
+  return {name: part for name, part in parts.items() if part is not None}
