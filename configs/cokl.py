@@ -1,7 +1,7 @@
 r"""CoKL (arXiv 2608.01743): GRPO with the correctness-conditioned KL to cached reference answers
 instead of a full-policy KL (jaxrl_post/methods/cokl_regularizer.py), and its KL baselines.
 
-Commands (R = a directory with an SFT student, configs/sft_arith.py):
+Commands (R = a directory with the mixed SFT student, configs/rl_family_common.py):
 
   python experiments/grpo.py --config=configs/cokl.py --workdir=/tmp/cokl/cokl \
       --config.init_from=$R/sft
@@ -12,7 +12,8 @@ Commands (R = a directory with an SFT student, configs/sft_arith.py):
   python experiments/grpo.py --config=configs/cokl.py:kl=replay --workdir=/tmp/cokl/replay \
       --config.init_from=$R/sft                  # CoKL without its normalisation term
 
-Variants (after the colon): `kl=cokl|reverse|none|replay` (`replay`: correct-only replay of
+Variants (after the colon): `task=mixture|arith` (default mixture;
+configs/rl_family_common.py), `kl=cokl|reverse|none|replay` (`replay`: correct-only replay of
 the reference answers, the ablation the paper warns about), `runlocal` (tiny model, 4 steps,
 for tests), `steps=<n>`, `model=<preset>`.
 
@@ -21,23 +22,25 @@ values, not the paper's); 8 reference samples per prompt to find them (PROPOSAL)
 are the training prompts (PROPOSAL). The reverse-KL baseline uses the pilot's β = 0.04.
 """
 
+from pathlib import Path
+
 import ml_collections
 
-from jaxrl_post.config_args import parse_arg
+from jaxrl_post.config_args import load_module, parse_arg
 from jaxrl_post.losses import COKL_EPS
 from jaxrl_post.training import base_configs
+
+COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
 
 KLS = ("cokl", "reverse", "none", "replay")
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, runlocal=False, kl="cokl", model="small", steps=30)
+  arg = parse_arg(arg, runlocal=False, task="", kl="cokl", model="small", steps=30)
   if arg.kl not in KLS:
     raise ValueError(f"kl={arg.kl!r}; valid: {', '.join(KLS)}")
   config = base_configs.grpo_base("grpo")
-  config.task = "arith"
-  config.task_knobs = dict(min_digits=1, max_digits=3, num_operands=2, operations="+-",
-                           demo_slip=0.0)
+  COMMON.set_task(config, arg.task, arg.runlocal)
   config.model, config.steps = arg.model, arg.steps
   config.num_train_examples = 1024
   config.regularizer = ml_collections.ConfigDict(dict(

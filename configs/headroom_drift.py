@@ -2,7 +2,7 @@ r"""Headroom-Drift Replay (arXiv 2609.03941): GRPO whose update also replays sto
 still have headroom and whose generating policy has not drifted (jaxrl_post/methods/
 group_replay.py), and the paper's baselines.
 
-Commands (R = a directory with an SFT student, configs/sft_arith.py):
+Commands (R = a directory with the mixed SFT student, configs/rl_family_common.py):
 
   python experiments/grpo.py --config=configs/headroom_drift.py --workdir=/tmp/hd/hd \
       --config.init_from=$R/sft
@@ -13,7 +13,8 @@ Commands (R = a directory with an SFT student, configs/sft_arith.py):
   python experiments/grpo.py --config=configs/headroom_drift.py:replay=matched \
       --workdir=/tmp/hd/matched --config.init_from=$R/sft         # on-policy, matched update size
 
-Variants (after the colon): `replay=headroom_drift|headroom_only|naive|none|matched`
+Variants (after the colon): `task=mixture|arith` (default mixture;
+configs/rl_family_common.py), `replay=headroom_drift|headroom_only|naive|none|matched`
 (`matched`: no replay, `prompts_per_step + budget` fresh prompts, the paper's "on-policy
 matched"), `runlocal` (tiny model, 4 steps, for tests), `steps=<n>`, `model=<preset>`.
 
@@ -23,22 +24,24 @@ scored teacher-forced each step are the 16 with the largest cached headroom (the
 the whole ranking until K_rep are accepted).
 """
 
+from pathlib import Path
+
 import ml_collections
 
-from jaxrl_post.config_args import parse_arg
+from jaxrl_post.config_args import load_module, parse_arg
 from jaxrl_post.training import base_configs
+
+COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
 
 REPLAYS = ("headroom_drift", "headroom_only", "naive", "none", "matched")
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, runlocal=False, replay="headroom_drift", model="small", steps=30)
+  arg = parse_arg(arg, runlocal=False, task="", replay="headroom_drift", model="small", steps=30)
   if arg.replay not in REPLAYS:
     raise ValueError(f"replay={arg.replay!r}; valid: {', '.join(REPLAYS)}")
   config = base_configs.grpo_base("grpo")
-  config.task = "arith"
-  config.task_knobs = dict(min_digits=1, max_digits=3, num_operands=2, operations="+-",
-                           demo_slip=0.0)
+  COMMON.set_task(config, arg.task, arg.runlocal)
   config.model, config.steps = arg.model, arg.steps
   config.replay = ml_collections.ConfigDict(dict(
     name=arg.replay, capacity=32, budget=8, tau=1e-3, max_candidates=16))

@@ -1,14 +1,15 @@
 r"""RAPO (arXiv 2608.03660): RLOO with risk-aware per-prompt loss scaling (R-Scale) and a
 risk-bucket task prior (R-Bucket) — jaxrl_post/methods/sample_scale.py and task_priors.py.
 
-Commands (R = a directory with an SFT student, configs/sft_arith.py):
+Commands (R = a directory with the mixed SFT student, configs/rl_family_common.py):
 
   python experiments/grpo.py --config=configs/rapo.py --workdir=/tmp/rapo/rapo \
       --config.init_from=$R/sft
   python experiments/grpo.py --config=configs/rapo.py:scale=none,prior=uniform \
       --workdir=/tmp/rapo/rloo --config.init_from=$R/sft          # the RLOO backbone alone
 
-Variants (after the colon): `scale=rapo|none` (R-Scale), `prior=rapo_bucket|uniform`
+Variants (after the colon): `task=mixture|arith` (default mixture;
+configs/rl_family_common.py), `scale=rapo|none` (R-Scale), `prior=rapo_bucket|uniform`
 (R-Bucket), `runlocal` (tiny model, 4 steps, for tests), `steps=<n>`, `model=<preset>`.
 `sweep` declares the backbone, each channel alone and both, seeds 0 1 2.
 
@@ -19,20 +20,22 @@ drawn 0.80 / 0.15 / 0.05 with a uniform fraction 0.2, refreshed every 5 steps fr
 the tasks drawn so far (unseen tasks take the median).
 """
 
+from pathlib import Path
+
 import ml_collections
 
-from jaxrl_post.config_args import parse_arg
+from jaxrl_post.config_args import load_module, parse_arg
 from jaxrl_post.tasks import priors
 from jaxrl_post.training import base_configs
 
+COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
+
 
 def get_config(arg=None):
-  arg = parse_arg(arg, runlocal=False, scale="rapo", prior="rapo_bucket", model="small",
+  arg = parse_arg(arg, runlocal=False, task="", scale="rapo", prior="rapo_bucket", model="small",
                   steps=30)
   config = base_configs.grpo_base("grpo")
-  config.task = "arith"
-  config.task_knobs = dict(min_digits=1, max_digits=3, num_operands=2, operations="+-",
-                           demo_slip=0.0)
+  COMMON.set_task(config, arg.task, arg.runlocal)
   config.model, config.steps = arg.model, arg.steps
   config.advantage = "rloo"  # RAPO's backbone
   config.num_train_examples = 1024  # the pool the prior draws from
