@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The RL-family comparison on the task mixture (configs/rl_family_common.py), end to end: the
+# mixed SFT student, then every row × SEEDS from it with the same budget, optimizer and
+# evaluation, then the table and plots.
+#
+#   bash scripts/rl_family_grid.sh /tmp/rlg            # then: cat /tmp/rlg/table.md
+#
+# Rows (config:variant):
+#   grpo            plain GRPO: uniform prompts, no replay (the baseline of every row)
+#   trajval         TrajVal's learnability prior (a probe run per seed first: probe<seed>)
+#   headroom_drift  Headroom-Drift replay (K_rep = half the fresh groups, τ = 1e-3)
+#   naive_replay    replay of the newest groups, no gate (the paper's naive replay)
+#   matched         on-policy with as many fresh groups as a replay step updates on
+#
+# Knobs (environment): SEEDS (default "0 1 2"), STEPS (default 20), PROMPTS (prompts per step,
+# default 16; 8 rollouts each), EVAL_EXAMPLES (default 256), EVAL_EVERY (default 5), ROWS (a
+# subset of the rows above), JOBS (seeds at once, default 1), STUDENT (an SFT run directory; by
+# default $R/sft, trained here with configs/opd_mix.py:sft, ≈ 32 min). A finished stage leaves
+# <run>/DONE and is skipped on a rerun; an interrupted one resumes. DRY_RUN=1 prints the commands.
+set -euo pipefail
+R=${1:?usage: scripts/rl_family_grid.sh <root dir>}
+SEEDS=${SEEDS:-"0 1 2"}
+STEPS=${STEPS:-20}
+PROMPTS=${PROMPTS:-16}
+EVAL_EXAMPLES=${EVAL_EXAMPLES:-256}
+EVAL_EVERY=${EVAL_EVERY:-5}
+JOBS=${JOBS:-1}
+ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched"}
+cd "$(dirname "$0")/.."
+mkdir -p "$R"
+
+DRY_RUN=${DRY_RUN:-0}
+stage() {  # stage <run dir> <command...>: skipped when <run dir>/DONE exists
+  local dir=$1; shift
+  if ((DRY_RUN)); then echo "+ $*"; return; fi
+  if [[ -f $dir/DONE ]]; then echo "skip $dir (done)"; return; fi
+  mkdir -p "$(dirname "$dir")"
+  echo "$(date +%T) start $dir"
+  local t0=$SECONDS
+  "$@" > "$dir.log" 2>&1 || { echo "FAILED $dir: see $dir.log"; exit 1; }
+  mkdir -p "$dir"
+  echo "$((SECONDS - t0))" > "$dir/DONE"
+  echo "$(date +%T) done $dir in $((SECONDS - t0)) s"
+}
+
+STUDENT=${STUDENT:-$R/sft}
+[[ $STUDENT == "$R/sft" ]] && stage "$R/sft" python experiments/sft.py \
+  --config=configs/opd_mix.py:sft --workdir="$R/sft" --verbosity=-1
+
+common() {  # the budget and evaluation every row shares
+  echo --config.init_from="$STUDENT" --config.seed="$1" --config.steps="$STEPS" \
+    --config.prompts_per_step="$PROMPTS" --config.eval_every="$EVAL_EVERY" \
+    --config.checkpoint_every="$STEPS" --config.eval_examples="$EVAL_EXAMPLES" \
+    --config.eval_pass_k=0 --verbosity=-1
+}
+row() {  # row <name> <seed>
+  local name=$1 seed=$2 dir=$R/runs/$1/seed$2
+  case $name in
+    grpo) stage "$dir" python experiments/grpo.py --config=configs/headroom_drift.py:replay=none \
+            --workdir="$dir" $(common "$seed") ;;
+    trajval)
+      stage "$R/runs/probe/seed$seed" python experiments/grpo.py \
+        --config=configs/trajval.py:probe --workdir="$R/runs/probe/seed$seed" \
+        $(common "$seed") --config.steps="$STEPS" --config.eval_every="$STEPS"
+      stage "$dir" python experiments/grpo.py --config=configs/trajval.py --workdir="$dir" \
+        $(common "$seed") --config.task_prior.probe="$R/runs/probe/seed$seed" ;;
+    headroom_drift|naive_replay)
+      local rule=${name/naive_replay/naive}
+      stage "$dir" python experiments/grpo.py --config="configs/headroom_drift.py:replay=$rule" \
+        --workdir="$dir" $(common "$seed") --config.replay.budget=$((PROMPTS / 2)) \
+        --config.replay.max_candidates="$PROMPTS" --config.replay.capacity=$((PROMPTS * 2)) ;;
+    matched) stage "$dir" python experiments/grpo.py \
+               --config=configs/headroom_drift.py:replay=none --workdir="$dir" \
+               $(common "$seed") --config.prompts_per_step=$((PROMPTS + PROMPTS / 2)) ;;
+    *) echo "unknown row $name"; exit 1 ;;
+  esac
+}
+seed_lane() {
+  for name in $ROWS; do row "$name" "$1"; done
+}
+running=0
+for seed in $SEEDS; do
+  seed_lane "$seed" &
+  running=$((running + 1))
+  if ((running >= JOBS)); then wait -n; running=$((running - 1)); fi
+done
+wait
+
+((DRY_RUN)) || python scripts/rl_family_table.py --root="$R" --out="$R/table.md" --plots="$R"
