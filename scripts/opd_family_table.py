@@ -23,7 +23,6 @@ Plots: `opd_family_accuracy.png` (held-out accuracy over steps, mean over seeds,
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
@@ -34,8 +33,12 @@ import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
 from jaxrl_post import script_flags  # noqa: E402
+from jaxrl_post.training import grid_report  # noqa: E402
 from jaxrl_post.training.evaluation import paired_gain  # noqa: E402
-from jaxrl_post.training.metrics import read_eval_outcomes, read_metrics  # noqa: E402
+from jaxrl_post.training.grid_report import curve as _curve  # noqa: E402
+from jaxrl_post.training.grid_report import fmt as _fmt  # noqa: E402
+from jaxrl_post.training.grid_report import values as _values  # noqa: E402
+from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
 FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
 _ROOT = flags.DEFINE_string("root", None, "the grid's root directory", flag_values=FLAGS,
@@ -65,40 +68,9 @@ QUESTIONS = (
 )
 
 
-def _values(records, key):
-  return [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-
-
-def _fmt(values, digits=3, scale=1.0, sign=False):
-  values = np.asarray([v for v in values if np.isfinite(v)], np.float64) * scale
-  if not values.size:
-    return "—"
-  spec = f"{'+' if sign else ''}.{digits}f"
-  if values.size == 1:
-    return format(values[0], spec)
-  return f"{format(values.mean(), spec)} ± {values.std(ddof=1):.{digits}f}"
-
-
-def _runtime(run: Path) -> float:
-  done = run / "DONE"
-  try:
-    return float(done.read_text())
-  except (OSError, ValueError):
-    return float("nan")
-
-
 def collect(root: Path) -> dict:
-  """Every finished run of the grid: `{row: {seed: {"records", "outcomes", "minutes"}}}`."""
-  rows: dict[str, dict[int, dict]] = {}
-  for row_dir in sorted(p for p in (root / "runs").glob("*") if p.is_dir()):
-    seeds = {}
-    for run in row_dir.glob("seed*"):
-      if (run / "DONE").exists():
-        seeds[int(run.name[4:])] = {"records": read_metrics(run),
-                                    "outcomes": read_eval_outcomes(run),
-                                    "minutes": _runtime(run) / 60}
-    if seeds:
-      rows[row_dir.name] = dict(sorted(seeds.items()))
+  """Every finished run of the grid (`grid_report.collect_runs`) and the teachers' accuracy."""
+  rows = grid_report.collect_runs(root)
   teachers = {}
   for name, path in (("strong", root / "quickstart" / "grpo"), ("weak", root / "weak")):
     acc = _values(read_metrics(path), ACC) if path.exists() else []
@@ -160,13 +132,7 @@ def table(data: dict) -> str:
   for row, other, question in QUESTIONS:
     if row not in rows or other not in rows:
       continue
-    diffs, ses = [], []
-    for seed in sorted(set(rows[row]) & set(rows[other])):
-      a, b = rows[row][seed]["outcomes"], rows[other][seed]["outcomes"]
-      gain, se = paired_gain(b[_last_step(b)]["greedy_correct"],
-                             a[_last_step(a)]["greedy_correct"])
-      diffs.append(gain)
-      ses.append(se)
+    diffs, ses = grid_report.paired_rows(rows, row, other)
     per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
     lines.append(f"| {question} | {per_seed} | {_fmt(diffs, 1, 100, sign=True)} | "
                  f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {_fmt(ses, 1, 100)} |")
@@ -176,15 +142,6 @@ def table(data: dict) -> str:
                f"{t['strong']:.3f}; weak teacher {t['weak']:.3f} (held-out greedy accuracy, "
                "each on its own run's evaluation set of the same size).")
   return "\n".join(lines) + "\n"
-
-
-def _curve(seeds: dict, key: str):
-  by_step = defaultdict(list)
-  for run in seeds.values():
-    for step, value in _values(run["records"], key):
-      by_step[step].append(value)
-  steps = sorted(by_step)
-  return steps, [float(np.mean(by_step[s])) for s in steps]
 
 
 def plots(data: dict, out_dir: Path) -> None:

@@ -1,0 +1,127 @@
+r"""Table and plot of a scripts/rl_family_grid.sh root (the RL-family comparison).
+
+  python scripts/rl_family_table.py --root=/tmp/rlg --out=/tmp/rlg/table.md --plots=docs
+
+Reads `<root>/runs/<row>/seed<s>` (`training.grid_report.collect_runs`) and writes one line per
+row: held-out greedy accuracy at the last evaluation (mean ± std over seeds), its paired
+difference to GRPO of the same seed on the same prompts (mean, seeds > 0), the area under the
+accuracy curve (mean over the evaluations after step 0: TrajVal's time-averaged AUC), the first
+step at which the row reaches GRPO's best accuracy of the same seed (TrajVal's "steps to the
+baseline peak"), the replay and prior diagnostics, and minutes per run; then the grid's
+questions (`QUESTIONS`) as paired differences, seed by seed.
+
+Plot: `rl_family_accuracy.png`, held-out accuracy over steps (mean over seeds) per row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import flags  # noqa: E402
+
+from jaxrl_post import script_flags  # noqa: E402
+from jaxrl_post.training import grid_report  # noqa: E402
+from jaxrl_post.training.grid_report import fmt, values  # noqa: E402
+
+FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
+_ROOT = flags.DEFINE_string("root", None, "the grid's root directory", flag_values=FLAGS,
+                            required=True)
+_OUT = flags.DEFINE_string("out", None, "markdown table file (printed either way)",
+                           flag_values=FLAGS)
+_PLOTS = flags.DEFINE_string("plots", None, "directory for the plot", flag_values=FLAGS)
+
+ACC = "eval/accuracy"
+BASELINE = "grpo"
+QUESTIONS = (
+  ("trajval", "grpo", "TrajVal's learnability prior vs uniform prompts"),
+  ("headroom_drift", "grpo", "Headroom-Drift replay vs on-policy, same fresh batch"),
+  ("headroom_drift", "matched", "Headroom-Drift replay vs on-policy, same update size"),
+  ("headroom_drift", "naive_replay", "Headroom-Drift's gate and ranking vs naive replay"),
+  ("naive_replay", "grpo", "naive replay vs on-policy, same fresh batch"),
+)
+DIAGNOSTICS = (("replay/accepted", "replayed groups / step"),
+               ("replay/drift_accepted", "drift of replayed"),
+               ("prior/learnable_fraction", "learnable fraction"))
+
+
+def steps_to_reach(records, target: float) -> float:
+  """The first evaluation step (after 0) whose accuracy is ≥ `target`; NaN if never."""
+  for step, value in values(records, ACC):
+    if step > 0 and value >= target - 1e-9:
+      return float(step)
+  return float("nan")
+
+
+def table(rows: dict) -> str:
+  base = rows.get(BASELINE, {})
+  head = ("| row | seeds | greedy acc. (last) | − GRPO, paired (seeds > 0) | AUC (evals > 0) | "
+          "step reaching GRPO's best | " + " | ".join(d for _, d in DIAGNOSTICS) +
+          " | min per run |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for row, seeds in rows.items():
+    last, auc, reach, diag = [], [], [], {k: [] for k, _ in DIAGNOSTICS}
+    for seed, run in seeds.items():
+      last.append(float(np.mean(grid_report.last_greedy(run))))
+      evals = [v for s, v in values(run["records"], ACC) if s > 0]
+      auc.append(float(np.mean(evals)) if evals else float("nan"))
+      if seed in base:
+        best = max(v for s, v in values(base[seed]["records"], ACC) if s > 0)
+        reach.append(steps_to_reach(run["records"], best))
+      for key in diag:
+        got = [v for _, v in values(run["records"], key)]
+        if got:
+          diag[key].append(float(np.mean(got)))
+    vs, _ = grid_report.paired_rows(rows, row, BASELINE) if row != BASELINE else ([], [])
+    wins = f" ({sum(v > 0 for v in vs)}/{len(vs)})" if vs else ""
+    never = sum(np.isnan(reach))
+    reach_cell = fmt(reach, 1) + (f" ({never} never)" if never else "")
+    lines.append(
+      f"| {row} | {len(seeds)} | {fmt(last)} | "
+      f"{fmt(vs, 1, 100, sign=True) + wins if vs else ''} | {fmt(auc)} | {reach_cell} | " +
+      " | ".join(fmt(diag[k], 3) if diag[k] else "" for k, _ in DIAGNOSTICS) +
+      f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
+  lines += ["", "| question | difference, points (per seed) | mean ± std | seeds > 0 | "
+            "mean paired SE |", "|---|---|---|---|---|"]
+  for row, other, question in QUESTIONS:
+    if row not in rows or other not in rows:
+      continue
+    diffs, ses = grid_report.paired_rows(rows, row, other)
+    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
+    lines.append(f"| {question} | {per_seed} | {fmt(diffs, 1, 100, sign=True)} | "
+                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {fmt(ses, 1, 100)} |")
+  return "\n".join(lines) + "\n"
+
+
+def plots(rows: dict, out_dir: Path) -> None:
+  out_dir.mkdir(parents=True, exist_ok=True)
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  for row, seeds in rows.items():
+    steps, accs = grid_report.curve(seeds, ACC)
+    ax.plot(steps, accs, marker="o", label=row, linestyle="--" if row == BASELINE else "-")
+  ax.set_xlabel("step")
+  ax.set_ylabel("held-out greedy accuracy (mean over seeds)")
+  ax.set_title("RL family on the task mixture")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(out_dir / "rl_family_accuracy.png", dpi=110)
+  plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  rows = grid_report.collect_runs(Path(_ROOT.value))
+  text = table(rows)
+  print(text)
+  if _OUT.value:
+    Path(_OUT.value).write_text(text)
+  if _PLOTS.value:
+    plots(rows, Path(_PLOTS.value))
+
+
+if __name__ == "__main__":
+  script_flags.run(main, FLAGS)
