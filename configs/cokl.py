@@ -34,6 +34,8 @@ COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
 
 KLS = ("cokl", "reverse", "none", "replay")
 
+BINARY = "experiments/grpo.py"
+
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, task="", kl="cokl", model="small", steps=30)

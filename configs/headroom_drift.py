@@ -35,6 +35,8 @@ COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
 
 REPLAYS = ("headroom_drift", "headroom_only", "naive", "none", "matched")
 
+BINARY = "experiments/grpo.py"
+
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, task="", replay="headroom_drift", model="small", steps=30)

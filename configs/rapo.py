@@ -30,6 +30,8 @@ from jaxrl_post.training import base_configs
 
 COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
 
+BINARY = "experiments/grpo.py"
+
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, task="", scale="rapo", prior="rapo_bucket", model="small",

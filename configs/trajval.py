@@ -52,6 +52,8 @@ def task_prior_config(arg) -> ml_collections.ConfigDict:
   prior.floor = priors.TRAJVAL_FLOOR
   return prior
 
+BINARY = "experiments/grpo.py"
+
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, task="", probe=False, prior="trajval", model="small",

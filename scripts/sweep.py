@@ -93,9 +93,13 @@ def run_name(index: int, overrides: dict) -> str:
 
 
 def binary_for(config_path: str) -> str:
-  """The binary of a config: `experiments/<stem>.py` when it exists (`configs/opd_family.py` →
-  `experiments/opd_family.py`), else the prefix names the algorithm (`configs/grpo_arith.py` →
-  `experiments/grpo.py`)."""
+  """The binary of a config: the module's `BINARY` when it names one (the RL-family configs run
+  on experiments/grpo.py or experiments/rtpo.py), else `experiments/<stem>.py` when it exists
+  (`configs/opd_family.py` → `experiments/opd_family.py`), else the prefix names the algorithm
+  (`configs/grpo_arith.py` → `experiments/grpo.py`)."""
+  binary = getattr(load_config_module(config_path), "BINARY", None)
+  if binary:
+    return binary
   stem = Path(config_path).stem
   if (ROOT / "experiments" / f"{stem}.py").exists():
     return f"experiments/{stem}.py"

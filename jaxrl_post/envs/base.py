@@ -27,6 +27,11 @@ function too, and `restore(snapshot)` followed by the same actions reproduces ob
 rewards and `info` exactly. (A tool's time limit is the one exception: it depends on the
 machine. Tools of the registered envs finish in microseconds.)
 
+Stages. `stage_times(trajectory)` reports, from the env's privileged episode state, the turn at
+which each stage of a linear sub-goal chain was completed (Temporal GRPO's detector, arXiv
+2608.13026); envs with such a chain implement `stage_detectors` (kv_lookup: the hops, then the
+answer; calculator: the intermediate values, then the answer).
+
 Errors. Whatever the action text is, `step` does not raise: a malformed action or a failing
 tool becomes an observation `error: ...` and is counted in `info["num_errors"]`. Programming
 errors (stepping before `reset` or after the end, a non-string action) do raise.
@@ -251,6 +256,65 @@ class Env(abc.ABC):
     }
     return new_state, StepResult(observation, reward, new_state.done, info)
 
+  # ---- stages (Temporal GRPO's detector, arXiv 2608.13026) ----
+
+  def stage_detectors(self, episode: Episode) -> list[StageDetector]:
+    """The completion conditions of `episode`'s stages m_1 → … → m_K, in chain order.
+
+    Each is `detector(action, observation) -> bool` on one turn: the parsed action
+    (`envs.tools.parse_action`) and the env's reply to it. The last stage is the task-success
+    condition. Envs with a natural sub-goal chain override this; the default has none.
+
+    Raises:
+      ValueError: naming the env, which has no stage structure.
+    """
+    del episode
+    raise ValueError(f"env {self.name!r} has no stage detector (Temporal GRPO's stages); envs "
+                     f"with one: {', '.join(sorted(n for n in ENVS.names() if _has_stages(n)))}")
+
+  def stage_times(self, trajectory: Any) -> list[int]:
+    """T_k per stage: the 1-based turn at which stage k was completed, −1 if it was not.
+
+    The stand-in for Temporal GRPO's relation detector on privileged simulator state (arXiv
+    2608.13026): the env reads its own episode state (the hidden store, the gold values) and
+    the whole transcript, and reports when each stage of `stage_detectors` was completed.
+    Stages complete in chain order: stage k is looked for only in turns after stage k − 1's
+    (a later turn may complete several stages; none of the registered envs' turns does), so
+    the times are non-decreasing and a stage after an uncompleted one is −1
+    (`advantages.temporal_grpo.check_stage_times` holds).
+
+    Args:
+      trajectory: an `envs.Trajectory`, a `sampling.multiturn.SampledTrajectory` (anything
+        with a `final_state`), or an `EnvState`. The whole transcript of its final state is
+        read, also the turns played before a starting snapshot.
+
+    Returns:
+      K ints, K = `num_stages`.
+    """
+    state = getattr(trajectory, "final_state", trajectory)
+    if not isinstance(state, EnvState):
+      raise TypeError(f"stage_times needs a trajectory or an EnvState, got "
+                      f"{type(trajectory).__name__}")
+    detectors = self.stage_detectors(state.episode)
+    times = [-1] * len(detectors)
+    segments = state.segments
+    stage = 0
+    turn = 0
+    for i, segment in enumerate(segments):
+      if segment.role != ACTION:
+        continue
+      turn += 1
+      observation = segments[i + 1].text if i + 1 < len(segments) else ""
+      action = tools_lib.parse_action(segment.text)
+      while stage < len(detectors) and detectors[stage](action, observation):
+        times[stage] = turn
+        stage += 1
+    return times
+
+  def num_stages(self) -> int:
+    """K of `stage_times` for this env's episodes: `horizon` tool stages plus the answer."""
+    return self.horizon + 1
+
   # ---- the stateful protocol (gym style) ----
 
   def reset(self, index: int, *, split: str = "train") -> str:
@@ -295,7 +359,20 @@ class Env(abc.ABC):
     return self._state
 
 
+# One stage condition on a turn: `(parsed action, observation) -> completed`.
+StageDetector = Callable[[tools_lib.Action, str], bool]
+
 ENVS: Registry[type[Env]] = Registry("env")
+
+
+def _has_stages(name: str) -> bool:
+  return ENVS.get(name).stage_detectors is not Env.stage_detectors
+
+
+def answer_stage(env: Env, episode: Episode) -> StageDetector:
+  """The final stage m_K: a turn whose answer the env scores as a full success."""
+  return lambda action, observation: (
+    action.answer is not None and env.score(episode, action.answer) >= 1.0)
 
 
 def get_env(name: str, **knobs: Any) -> Env:

@@ -26,6 +26,9 @@ The generator keeps every intermediate value a positive integer below
 would overflow are not drawn, so every step is a call the tool accepts.
 
 Reward: 1 when the answer is exactly the final value as a plain integer (`173778`), else 0.
+
+Stages (`stage_times`, Temporal GRPO's detector, arXiv 2608.13026): K + 1, step k computed (a
+`calc` call returned the k-th intermediate value) for k = 1..K, then the correct answer.
 """
 
 from __future__ import annotations
@@ -37,7 +40,15 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 
 from jaxrl_post.envs import base
-from jaxrl_post.envs.tools import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CLOSE, TOOL_OPEN, ToolError
+from jaxrl_post.envs.tools import (
+  ANSWER_CLOSE,
+  ANSWER_OPEN,
+  TOOL_CLOSE,
+  TOOL_OPEN,
+  ToolError,
+  format_observation,
+  parse_action,
+)
 from jaxrl_post.tasks import base as task_base
 
 _OPERATIONS = "+-*"
@@ -130,6 +141,20 @@ class CalculatorEnv(base.Env):
 
   def score(self, episode: base.Episode, answer: str) -> float:
     return float(task_base.parse_integer(answer) == int(episode.answer))
+
+  def stage_detectors(self, episode: base.Episode) -> list[base.StageDetector]:
+    """K + 1 stages: step k = a `calc` call that returned the k-th intermediate value v_k
+    (k = 1..K, whatever expression produced it), then the correct answer.
+
+    The values v_k are privileged state: the outputs of the demonstration's calls.
+    """
+    values = [calc(parse_action(action).argument) for action in episode.demonstration[:-1]]
+
+    def step(value: str) -> base.StageDetector:
+      reply = format_observation(value)
+      return lambda action, observation: action.tool == "calc" and observation == reply
+
+    return [*(step(value) for value in values), base.answer_stage(self, episode)]
 
   def _draw_steps(self, rng: random.Random, start: int) -> list[tuple[str, int]] | None:
     """K `(operator, operand)` steps from `start`; `None` when the value runs out of room."""

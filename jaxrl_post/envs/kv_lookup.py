@@ -22,6 +22,9 @@ Tool: `get(key)` returns the key's value; an unknown key gives an `error: no key
 observation.
 
 Reward: 1 when the answer is exactly the chain's final number, else 0.
+
+Stages (`stage_times`, Temporal GRPO's detector, arXiv 2608.13026): K + 1, hop k resolved (the
+k-th chain key looked up, its value returned) for k = 1..K, then the correct answer.
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ import string
 from collections.abc import Callable, Mapping
 
 from jaxrl_post.envs import base
-from jaxrl_post.envs.tools import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CLOSE, TOOL_OPEN, ToolError, quote
+from jaxrl_post.envs.tools import (
+  ANSWER_CLOSE,
+  ANSWER_OPEN,
+  TOOL_CLOSE,
+  TOOL_OPEN,
+  ToolError,
+  format_observation,
+  parse_action,
+  quote,
+)
 
 
 @base.ENVS.register("kv_lookup")
@@ -105,6 +117,22 @@ class KVLookupEnv(base.Env):
 
   def score(self, episode: base.Episode, answer: str) -> float:
     return float(answer == episode.answer)
+
+  def stage_detectors(self, episode: base.Episode) -> list[base.StageDetector]:
+    """K + 1 stages: hop k = `get(key_k)` answered with the next link (k = 1..K), then the
+    correct answer (the task-success condition).
+
+    The chain is privileged state: the demonstration's calls, in order, and the store.
+    """
+    store = _store(episode.hidden)
+    chain = [parse_action(action).argument for action in episode.demonstration[:-1]]
+
+    def hop(key: str) -> base.StageDetector:
+      reply = format_observation(store[key])
+      return lambda action, observation: (
+        action.tool == "get" and action.argument == key and observation == reply)
+
+    return [*(hop(key) for key in chain), base.answer_stage(self, episode)]
 
   def _draw_number(self, rng: random.Random) -> str:
     return str(rng.randint(10 ** (self.value_digits - 1), 10**self.value_digits - 1))

@@ -33,6 +33,7 @@ from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler, rollout_metrics
 from jaxrl_post.tasks import data as task_data
+from jaxrl_post.tasks.base import get_task
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.evaluation import evaluate
@@ -106,12 +107,25 @@ class TaskEvaluator:
   colocated, a copy when the sampler has devices of its own), and writes the per-prompt
   outcomes to `workdir/eval_outcomes/` so that two steps compare pairwise
   (`training.evaluation.paired_gain`).
+
+  `config.eval_tasks` (optional) names other tasks to evaluate greedily on the same number of
+  prompts — capabilities the run should retain, not train on — as `{name: {"task": registered
+  name, "task_knobs": {...}}}`; they log `eval/<name>/accuracy` and their per-prompt outcomes
+  as `greedy_correct/<name>`.
   """
 
   def __init__(self, run: loop.Run, task, sampler: Sampler, *, max_new_tokens: int,
                pass_k: int, temperature: float = 1.0, timeout_s: float | None = None):
     self.run, self.task, self.sampler = run, task, sampler
-    self.records = [task.make_example("test", i) for i in range(run.config.eval_examples)]
+    n = run.config.eval_examples
+    self.records = [task.make_example("test", i) for i in range(n)]
+    self.extra = {}
+    for name, spec in (run.config.get("eval_tasks") or {}).items():
+      try:
+        other = get_task(spec["task"], **dict(spec.get("task_knobs") or {}))
+      except (KeyError, TypeError) as e:
+        raise ValueError(f"config.eval_tasks.{name}: {e}") from None
+      self.extra[name] = (other, [other.make_example("test", i) for i in range(n)])
     self.max_new_tokens, self.pass_k = max_new_tokens, pass_k
     self.temperature, self.timeout_s = temperature, timeout_s
 
@@ -120,13 +134,21 @@ class TaskEvaluator:
     return reshard_state(params, placement.sample_mesh, placement.sample_rules)
 
   def __call__(self, params, step: int) -> dict[str, float]:
-    evaluation = evaluate(self.sampler, self.sampler_params(params)[0], self.task, self.records,
+    params = self.sampler_params(params)[0]
+    evaluation = evaluate(self.sampler, params, self.task, self.records,
                           max_new_tokens=self.max_new_tokens, k=self.pass_k,
                           temperature=self.temperature, rng=jax.random.key(step),
                           timeout_s=self.timeout_s)
-    write_eval_outcomes(self.run.workdir, step, greedy_correct=evaluation.greedy_correct,
-                        sample_correct=evaluation.sample_correct)
-    return {f"eval/{k}": v for k, v in evaluation.metrics.items()}
+    metrics = {f"eval/{k}": v for k, v in evaluation.metrics.items()}
+    outcomes = {"greedy_correct": evaluation.greedy_correct,
+                "sample_correct": evaluation.sample_correct}
+    for name, (task, records) in self.extra.items():
+      other = evaluate(self.sampler, params, task, records, max_new_tokens=self.max_new_tokens,
+                       k=0, timeout_s=self.timeout_s)
+      metrics[f"eval/{name}/accuracy"] = other.metrics["accuracy"]
+      outcomes[f"greedy_correct/{name}"] = other.greedy_correct
+    write_eval_outcomes(self.run.workdir, step, **outcomes)
+    return metrics
 
 
 class PolicyRuntime(NamedTuple):

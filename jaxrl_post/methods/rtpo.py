@@ -21,6 +21,15 @@ in what is sampled, which tokens are trained and against which baseline (RTPO, a
   ocsd        OCSD (arXiv 2608.04788): turn_grpo plus one dual-view re-scoring of every action
               (replay contexts with and without the next observation) that modulates the
               episode's advantage per token on its most uncertain steps (`methods.ocsd`).
+  temporal_grpo, stage_reward
+              Temporal GRPO (arXiv 2608.13026) and its Stage-Reward GRPO baseline: turn_grpo
+              with each turn row's advantage replaced by the stage-aligned one (or the GRPO
+              advantage of the fraction of stages completed), stages from the env's detector
+              (`methods.stage_credit.StageCredit`, `envs.Env.stage_times`).
+  canopy      CANOPY (arXiv 2609.01245): turn_grpo with fault quarantine and population-std
+              advantages (`methods.stage_credit.CanopyCredit`), one update per batch, k3 KL to
+              the starting policy, and a pilot that checks the group size against the signal-
+              coverage rule before the first step.
 
 An RL step reads top to bottom in `grpo_step` / `rtpo_step`: start states → rollouts
 (`sampling.multiturn.rollout`) → returns → advantages (`losses.rtpo`) → (context, action) rows →
@@ -60,6 +69,7 @@ from jaxrl_post.envs import Env, EnvState, get_env, make_context
 from jaxrl_post.envs.context import ContextFn
 from jaxrl_post.losses import rtpo as rtpo_losses
 from jaxrl_post.methods import ocsd as ocsd_lib
+from jaxrl_post.methods import stage_credit
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import put_batch
@@ -77,7 +87,12 @@ SFT = "sft"
 # the `METHODS` of RTPO's horizon grid.
 OCSD = "ocsd"
 OCSD_HOST = "turn_grpo"
-MODES = (SFT, *METHODS, OCSD)  # what `config.method` may be
+# Temporal GRPO, Stage-Reward GRPO and CANOPY: turn_grpo with a batch hook
+# (`methods.stage_credit`), modes like OCSD.
+TEMPORAL_GRPO, STAGE_REWARD, CANOPY = (stage_credit.TEMPORAL_GRPO, stage_credit.STAGE_REWARD,
+                                       stage_credit.CANOPY)
+HOOK_MODES = (OCSD, TEMPORAL_GRPO, STAGE_REWARD, CANOPY)  # all hosted by turn_grpo
+MODES = (SFT, *METHODS, *HOOK_MODES)  # what `config.method` may be
 # Fill values of padding rows (`Learner.put`) where 0 is not neutral.
 _ROW_PADDING = {"turn_ids": -1, "turn": -1, "weight": 1.0}
 
@@ -465,7 +480,10 @@ def grpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *
 
   `batch_hook(params, trajectories, batch) -> (batch, metrics)`, when given, rewrites the batch
   before the PPO phase (called with the rollout parameters), e.g. OCSD's per-token advantages
-  (`methods.ocsd.Calibrator`); its metrics join the step's.
+  (`methods.ocsd.Calibrator`); its metrics join the step's. A hook with a true
+  `replaces_advantages` attribute (`methods.stage_credit`) computes advantages of its own: the
+  zero-advantage skip then looks at the batch it returns, and a batch it left without rows
+  (every rollout quarantined) is skipped too.
   """
   g = config.group_size
   trajectories = backend.rollout(state.params, [s for s in starts for _ in range(g)], rng)
@@ -476,7 +494,8 @@ def grpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *
                              num_groups=len(starts), eps=config.advantage_eps))
   metrics = _prefixed("rollout", multiturn.rollout_stats(trajectories))
   tokens = sum(t.num_generated_tokens for t in trajectories)
-  if config.skip_zero_advantage and not np.any(adv):
+  replaces = bool(getattr(batch_hook, "replaces_advantages", False))
+  if config.skip_zero_advantage and not replaces and not np.any(adv):
     metrics["train/num_updates"] = 0.0
     return StepOutput(state, metrics, tokens, [])
   if config.method == "flat_grpo":
@@ -489,6 +508,10 @@ def grpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *
   if batch_hook is not None:
     batch, extra = batch_hook(state.params, trajectories, batch)
     metrics.update(extra)
+    if replaces and (batch.num_rows == 0 or (
+        config.skip_zero_advantage and not np.any(batch.adv[:batch.num_rows]))):
+      metrics["train/num_updates"] = 0.0
+      return StepOutput(state, metrics, tokens, [])
   state, update = backend.ppo(state, batch, rng=shuffle)
   metrics.update(_prefixed("train", update))
   return StepOutput(state, metrics, tokens, [])
@@ -621,7 +644,10 @@ class RTPO:
   """Every mode of experiments/rtpo.py (configs/rtpo_*.py); a `training.loop.Method`.
 
   `config.method` is `sft` (the cold start on the env's demonstrations), one of `METHODS`, or
-  `ocsd`: turn_grpo's step with `methods.ocsd.Calibrator` as its batch hook (`config.ocsd.*`).
+  one of turn_grpo's hooked modes: `ocsd` (`methods.ocsd.Calibrator`, `config.ocsd.*`),
+  `temporal_grpo` / `stage_reward` (`methods.stage_credit.StageCredit`,
+  `config.temporal_grpo.*`) or `canopy` (`methods.stage_credit.CanopyCredit`, `config.canopy.*`;
+  its group-size pilot runs in `start` of a fresh run, and its metrics join the first step's).
   Each step draws its episodes from `(config.seed, step)` only, so a resumed run sees the same
   ones; the tokens generated for training add up in `budget/generated_tokens`, and the run
   stops once they reach `config.max_generated_tokens` (0: no budget), so methods compare at
@@ -651,13 +677,23 @@ class RTPO:
     self.context = make_context(config.context.to_dict(), tokenizer=self.tokenizer)
     self.method = None
     self.ocsd = None
+    self.canopy = None
+    # Hook knobs are validated here, before the model is built: a bad knob fails in seconds.
     if config.method == OCSD:
-      # Validated here, before the model is built: a bad knob fails in seconds.
       self.ocsd = ocsd_lib.OCSDConfig.from_config(config.ocsd.to_dict())
       self.ocsd.check_lengths(self.tokenizer, config.max_context_len)
+    if config.method in stage_credit.STAGE_MODES:
+      self._stage_knobs()
+      self.env.stage_detectors(self.env.make_episode("train", 0))  # names an env without stages
+    if config.method == CANOPY:
+      if "canopy" not in config:
+        raise ValueError("method=canopy needs config.canopy (configs/canopy.py)")
+      self.canopy = stage_credit.CanopyConfig.from_config(config.canopy.to_dict())
+      stage_credit.check_canopy_protocol(config.loss.to_dict(), ppo_epochs=config.ppo_epochs,
+                                         ppo_mini_batches=config.ppo_mini_batches)
     if not self.sft_mode:
       self.method = MethodConfig(
-        method=OCSD_HOST if config.method == OCSD else config.method,
+        method=OCSD_HOST if config.method in HOOK_MODES else config.method,
         group_size=config.group_size,
         trunks_per_prompt=config.trunks_per_prompt, advantage=config.advantage,
         advantage_eps=config.advantage_eps, continuation=config.continuation,
@@ -693,9 +729,33 @@ class RTPO:
       sample_rules=placement.sample_rules)
     self.rng = jax.random.key(config.seed + 1)
     self.batch_hook = None
+    self.pilot = {}
     if self.ocsd is not None:
       self.batch_hook = ocsd_lib.Calibrator(self.learner, self.tokenizer, config.max_context_len,
                                             self.ocsd)
+    if config.method in stage_credit.STAGE_MODES:
+      self.batch_hook = stage_credit.StageCredit(env=self.env, group_size=config.group_size,
+                                                 mode=config.method, advantage=config.advantage,
+                                                 **self._stage_knobs())
+    if self.canopy is not None:
+      self.batch_hook = stage_credit.CanopyCredit(group_size=config.group_size,
+                                                  config=self.canopy)
+      if run.start.kind not in ("workdir", "resume"):
+        # CANOPY sizes groups once, on the starting policy (a resumed run was checked then):
+        # p̂ from sampled pilot episodes of the train split, at the training temperature.
+        pilot = evaluate(self.learner, state.params, self.env, range(self.canopy.pilot_episodes),
+                         split="train", greedy=False, rng=jax.random.key(config.seed + 3))
+        self.pilot = stage_credit.check_canopy_group_size(config.group_size, pilot["success"],
+                                                          config=self.canopy)
+
+  def _stage_knobs(self) -> dict[str, float]:
+    """`config.temporal_grpo` (its `eps`), checked."""
+    knobs = self.config.get("temporal_grpo")
+    knobs = {} if knobs is None else knobs.to_dict()
+    unknown = sorted(set(knobs) - {"eps"})
+    if unknown:
+      raise ValueError(f"unknown config.temporal_grpo keys {unknown}; valid: eps")
+    return {"eps": float(knobs.get("eps", self.config.advantage_eps))}
 
   def state_dict(self) -> dict[str, Any]:
     return {"generated_tokens": self.generated_tokens, "wall_s": self.wall_s}
@@ -734,6 +794,9 @@ class RTPO:
         config=self.method, rng=jax.random.fold_in(self.rng, step),
         shuffle=np.random.default_rng([config.seed, step, 1]), batch_hook=self.batch_hook)
       state, record, step_tokens = out.state, out.metrics, out.generated_tokens
+      # The CANOPY pilot's numbers, once per fresh run, with its first step.
+      record.update(self.pilot)
+      self.pilot = {}
     self.generated_tokens += step_tokens
     elapsed = time.perf_counter() - tic
     self.wall_s += elapsed

@@ -15,6 +15,7 @@ which exposes `task`, `sampler`, `scorer`, `evaluator`, `config` and the other p
 `StepContext` carries what the step has produced so far. Config sections and their parts, in
 the order they run:
 
+  world_model    methods.world_model       WMRL's world-model rewards, debiased by anchors
   task_prior     methods.task_priors       TrajVal's learnability prior, RAPO's risk buckets
   sample_scale   methods.sample_scale      RAPO's per-prompt loss scale
   replay         methods.group_replay      Headroom-Drift replay and its baselines
@@ -25,7 +26,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from jaxrl_post.methods import cokl_regularizer, group_replay, sample_scale, task_priors
+from jaxrl_post.methods import (
+  cokl_regularizer,
+  group_replay,
+  sample_scale,
+  task_priors,
+  world_model,
+)
 
 
 class StepContext(NamedTuple):
@@ -43,6 +50,8 @@ def build_step_parts(config, task) -> dict[str, Any]:
   """The configured parts, by config section, in run order (sections set to "none" are left
   out). Each builder validates its section and raises a ValueError naming the key."""
   parts = {
+    # First: its `rewards` hook sets the advantages that the later parts' transforms rescale.
+    "world_model": world_model.build_world_model(config, task),
     "task_prior": task_priors.build_task_prior(config, task),
     "sample_scale": sample_scale.build_sample_scale(config),
     "replay": group_replay.build_group_replay(config),

@@ -55,6 +55,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxrl_post.registry import Registry
 
@@ -424,7 +425,9 @@ def _key_name(entry) -> Any:
 
 
 def _path(keypath) -> tuple:
-  return tuple(_key_name(e) for e in keypath)
+  path = tuple(_key_name(e) for e in keypath)
+  # An `nnx.State` leaf is a Variable: its array sits under a trailing "value" attribute.
+  return path[:-1] if path and path[-1] == "value" else path
 
 
 def default_layout(path: tuple, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -630,3 +633,110 @@ def update_overlap(params_before: Any, params_after: Any, bases: Any) -> Any:
     return principal_overlap(_matrix_view(delta, bs), bs)
 
   return jax.tree.map(one, params_before, params_after, bases, is_leaf=_is_node)
+
+
+# ---------------------------------------------------------------------------------------------
+# The constraint as an optimizer transformation (full-rank updates).
+# ---------------------------------------------------------------------------------------------
+
+
+class ProjectionState(NamedTuple):
+  """`gcpo_projection`'s state: the frozen bases of the reference kernels (None elsewhere)."""
+
+  bases: Any
+
+
+def project_update(u: jax.Array, bases: SubspaceBases, mode: str = "bilateral") -> jax.Array:
+  """One kernel's update `[L..., d_in, d_out]` restricted as `mode` says, in kernel layout.
+
+  bilateral  Π_Ψ^⊥ u Π_Φ^⊥ (the OO block: in W terms Φ_kᵀ δW = 0 and δW Ψ_k = 0)
+  left       u Π_Φ^⊥ (output side only);  right  Π_Ψ^⊥ u (input side only)
+  principal  Π_Ψ u Π_Φ (all of it inside the principal block; ablation)
+  none       u
+  """
+  if mode == "bilateral":
+    return _out_perp(_in_perp(u, bases.psi), bases.phi)
+  if mode == "left":
+    return _out_perp(u, bases.phi)
+  if mode == "right":
+    return _in_perp(u, bases.psi)
+  if mode == "principal":
+    return _out_par(_in_par(u, bases.psi), bases.phi)
+  if mode == "none":
+    return u
+  raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(SUBSPACE_CONSTRAINTS.names())}")
+
+
+def gcpo_projection(
+  *,
+  k: int = K,
+  targets: Callable[[tuple], bool] | tuple[str, ...] = DEFAULT_TARGETS,
+  mode: str = "bilateral",
+  layout: Callable[[tuple, tuple[int, ...]], tuple[int, int]] = default_layout,
+) -> optax.GradientTransformation:
+  """GCPO's constraint on every update of the targeted kernels, as the last optimizer stage.
+
+  `init(params)` takes the SVD of each targeted kernel of the *starting* parameters (W_ref) and
+  keeps its top-k bases (Φ_k, Ψ_k) in the optimizer state (frozen, checkpointed with it);
+  `update` replaces each targeted update u by `project_update(u, bases, mode)`. With
+  "bilateral", every update, and so the whole displacement W − W_ref, stays in the OO block:
+  Φ_kᵀ (W − W_ref) = 0 and (W − W_ref) Ψ_k = 0 up to float rounding, the paper's constraint.
+
+  Deviation from the paper (arXiv 2608.11674), which trains rank-r LoRA factors L, R with
+  W = W_ref + α Π_Φ^⊥ L R Π_Ψ^⊥: here the update is full-rank inside the same subspace (the
+  project has no LoRA path yet). The constraint, and so the geometry the paper argues about,
+  is the same; the parameter count and the optimizer's memory are not.
+
+  Args:
+    k: protected rank (paper: 8).
+    targets: which kernels (path predicate or name substrings; default every projection).
+    mode: an entry of `SUBSPACE_CONSTRAINTS` (the paper's ablations).
+    layout: how a kernel is viewed as `[L..., d_in, d_out]` (default: `CausalLM`'s).
+
+  Returns:
+    An `optax.GradientTransformation` (chain it after the optimizer).
+  """
+  if mode not in SUBSPACE_CONSTRAINTS:
+    raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(SUBSPACE_CONSTRAINTS.names())}")
+  is_target = _target_fn(targets)
+
+  def views(tree):
+    out = []
+    for keypath, w in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      path = _path(keypath)
+      if not is_target(path):
+        out.append(None)
+        continue
+      stacked, in_ndim = layout(path, tuple(w.shape))
+      lead = tuple(w.shape[:stacked])
+      d_in = math.prod(w.shape[stacked:stacked + in_ndim])
+      out.append((*lead, d_in, math.prod(w.shape[stacked + in_ndim:])))
+    return out
+
+  def init(params):
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    bases = []
+    for w, shape in zip(leaves, views(params), strict=True):
+      if shape is None:
+        bases.append(None)
+        continue
+      if not 1 <= k <= min(shape[-2:]):
+        raise ValueError(f"k must be in [1, {min(shape[-2:])}] for a kernel viewed as "
+                         f"{shape}; got {k}")
+      bases.append(principal_bases(jnp.reshape(w, shape).astype(jnp.float32), k=k))
+    return ProjectionState(treedef.unflatten(bases))
+
+  def update(updates, state, params=None):
+    del params
+    leaves, treedef = jax.tree_util.tree_flatten(updates)
+    bases = treedef.flatten_up_to(state.bases)
+    out = []
+    for u, bs in zip(leaves, bases, strict=True):
+      if bs is None:
+        out.append(u)
+        continue
+      view = _matrix_view(u, bs).astype(jnp.float32)
+      out.append(project_update(view, bs, mode).reshape(u.shape).astype(u.dtype))
+    return treedef.unflatten(out), state
+
+  return optax.GradientTransformation(init, update)

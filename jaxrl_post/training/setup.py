@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_post import tokenizers
-from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.models import CausalLM, get_model_config, subspace
 from jaxrl_post.models.hf import load_hf
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import init_sharded
@@ -163,13 +163,35 @@ def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
     update = optax.sgd(schedule, momentum=opt.momentum or None)
   else:
     raise ValueError(f"config.optimizer.name={opt.name!r}: expected 'adamw' or 'sgd'")
-  chain = optax.chain(optax.clip_by_global_norm(opt.grad_clip), update)
+  stages = [optax.clip_by_global_norm(opt.grad_clip), update]
+  constraint = config.get("update_constraint")
+  if constraint is not None and constraint.name != "none":
+    stages.append(update_constraint(constraint))
+  chain = optax.chain(*stages)
   moments = opt.get("moments_dtype", "float32")
   if moments == "float32":
     return with_float32_state(chain)
   if moments == "params":
     return chain
   raise ValueError(f"config.optimizer.moments_dtype={moments!r}: expected 'float32' or 'params'")
+
+
+UPDATE_CONSTRAINTS = ("none", "gcpo")
+
+
+def update_constraint(knobs) -> optax.GradientTransformation:
+  """`config.update_constraint` as the optimizer's last stage: "gcpo" restricts every update of
+  the targeted kernels to the complement of their starting principal subspaces
+  (`models.subspace.gcpo_projection`, arXiv 2608.11674)."""
+  if knobs.name not in UPDATE_CONSTRAINTS:
+    raise ValueError(f"config.update_constraint.name={knobs.name!r}; valid: "
+                     f"{', '.join(UPDATE_CONSTRAINTS)}")
+  if knobs.mode not in subspace.SUBSPACE_CONSTRAINTS:
+    raise ValueError(f"config.update_constraint.mode={knobs.mode!r}; valid: "
+                     f"{', '.join(subspace.SUBSPACE_CONSTRAINTS.names())}")
+  if knobs.k < 1:
+    raise ValueError(f"config.update_constraint.k must be >= 1, got {knobs.k}")
+  return subspace.gcpo_projection(k=knobs.k, targets=tuple(knobs.targets), mode=knobs.mode)
 
 
 def with_float32_state(inner: optax.GradientTransformation) -> optax.GradientTransformation:

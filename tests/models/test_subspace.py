@@ -368,3 +368,68 @@ def test_sharded_matches_single_device():
   assert len(sharded[0].sharding.device_set) == 8
   for got, want in zip(jax.tree.leaves(run(*sharded)), jax.tree.leaves(single)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- gcpo_projection: the constraint as the optimizer's last stage ----
+
+
+def _tiny_params():
+  from flax import nnx
+
+  from jaxrl_post.models import CausalLM, get_model_config
+
+  model = CausalLM(get_model_config("tiny", vocab_size=64), rngs=nnx.Rngs(0))
+  return nnx.state(model, nnx.Param)
+
+
+@pytest.mark.parametrize("mode", ["bilateral", "left", "right", "principal", "none"])
+def test_gcpo_projection_keeps_the_displacement_in_its_block(mode):
+  import optax
+
+  from jaxrl_post.models.subspace import gcpo_projection
+
+  params = _tiny_params()
+  opt = optax.chain(optax.adam(1e-2), gcpo_projection(k=3, mode=mode))
+  state = jax.jit(opt.init)(params)
+  start = params
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+    updates, state = jax.jit(opt.update)(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  bases = state[1].bases
+  w0 = start["layers"][0]["mlp"]["up_proj"].get_value()  # kernel [d_in, d_out] = W_refᵀ
+  delta = np.asarray(params["layers"][0]["mlp"]["up_proj"].get_value() - w0, np.float64)
+  bs = bases["layers"][0]["mlp"]["up_proj"].get_value()
+  phi, psi = np.asarray(bs.phi, np.float64), np.asarray(bs.psi, np.float64)
+  # Φ, Ψ are W_ref's own top-3 singular vectors (kernel = W_refᵀ: Ψ on inputs, Φ on outputs).
+  u, _, vt = np.linalg.svd(np.asarray(w0, np.float64), full_matrices=False)
+  np.testing.assert_allclose(np.abs(psi.T @ u[:, :3]), np.eye(3), atol=1e-4)
+  np.testing.assert_allclose(np.abs(phi.T @ vt[:3].T), np.eye(3), atol=1e-4)
+  out_side = np.abs(delta @ phi).max()  # δW Ψ... in kernel terms: δK Φ (output side)
+  in_side = np.abs(psi.T @ delta).max()  # Ψᵀ δK (input side)
+  scale = np.abs(delta).max()
+  assert scale > 1e-3
+  assert (out_side < 1e-5 * max(scale, 1)) == (mode in ("bilateral", "left"))
+  assert (in_side < 1e-5 * max(scale, 1)) == (mode in ("bilateral", "right"))
+  if mode == "principal":  # all of it inside: removing the principal block leaves nothing
+    oo = delta - psi @ (psi.T @ delta)
+    oo = oo - (oo @ phi) @ phi.T
+    assert np.abs(oo).max() < 1e-5
+  # Untargeted leaves (norms, embeddings) move freely.
+  assert np.abs(np.asarray(params["embed"].get_value() - start["embed"].get_value())).max() > 1e-3
+  # o_proj [heads, head_dim, embed] is viewed as [heads·head_dim, embed].
+  assert bases["layers"][0]["attn"]["o_proj"].get_value().psi.shape == (64, 3)
+
+
+def test_update_constraint_config_errors_name_the_key():
+  import ml_collections
+
+  from jaxrl_post.training.setup import update_constraint
+
+  good = dict(name="gcpo", k=8, mode="bilateral", targets=("q_proj",))
+  for key, value, match in (("name", "lora", "config.update_constraint.name='lora'"),
+                            ("mode", "sideways", "config.update_constraint.mode='sideways'"),
+                            ("k", 0, "config.update_constraint.k must be >= 1")):
+    with pytest.raises(ValueError, match=match):
+      update_constraint(ml_collections.ConfigDict(dict(good, **{key: value})))

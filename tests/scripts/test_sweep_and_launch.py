@@ -43,7 +43,9 @@ def test_sweep_expands_grpo_arith_into_nine_commands():
 
 
 def test_every_config_maps_to_an_existing_binary():
-  for path in sorted((ROOT / "configs").glob("*_*.py")):
+  for path in sorted((ROOT / "configs").glob("*.py")):
+    if not hasattr(sweep.load_config_module(str(path)), "get_config"):
+      continue  # a module the configs share (rtpo_common.py, rl_family_common.py)
     assert (ROOT / sweep.binary_for(str(path))).exists(), path
 
 
