@@ -37,6 +37,8 @@ _PLOTS = flags.DEFINE_string("plots", None, "directory for the plot", flag_value
 
 ACC = "eval/accuracy"
 BASELINE = "grpo"
+# Runs that serve other rows (TrajVal's probe), not rows of the table.
+HELPER_RUNS = ("probe",)
 QUESTIONS = (
   ("trajval", "grpo", "TrajVal's learnability prior vs uniform prompts"),
   ("headroom_drift", "grpo", "Headroom-Drift replay vs on-policy, same fresh batch"),
@@ -114,7 +116,8 @@ def plots(rows: dict, out_dir: Path) -> None:
 
 def main(argv: list[str]) -> None:
   del argv
-  rows = grid_report.collect_runs(Path(_ROOT.value))
+  rows = {k: v for k, v in grid_report.collect_runs(Path(_ROOT.value)).items()
+          if k not in HELPER_RUNS}
   text = table(rows)
   print(text)
   if _OUT.value:
