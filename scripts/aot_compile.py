@@ -45,11 +45,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from absl import app, flags
 from flax import nnx
 
-from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.models import CausalLM, get_model_config, subspace
 from jaxrl_post.parallel import axes
 from jaxrl_post.parallel import mesh as mesh_lib
 from jaxrl_post.parallel.axes import axis_rules, logical_sharding, state_shardings
@@ -83,6 +84,9 @@ _REMAT = flags.DEFINE_string(
   "remat_policy", "", "Layer rematerialisation: none, full or dots (default: the preset's).")
 _MOMENTS = flags.DEFINE_string(
   "moments_dtype", "float32", "Adam moments: 'float32' (the binaries' default) or 'params'.")
+_GCPO_K = flags.DEFINE_integer(
+  "gcpo_k", 0, "> 0: chain GCPO's update projection (protected rank k) after AdamW, as "
+  "config.update_constraint does (models.subspace.gcpo_projection).")
 _SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, prefill, decode_step.")
 _ATTENTION = flags.DEFINE_string(
   "attention_impl", "", "Attention kernel (default: the preset's, 'auto').")
@@ -150,7 +154,11 @@ def _batch_struct(mesh, rules, shape, dtype):
 
 def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
   """Lowers and compiles one GRPO update against abstract, sharded inputs."""
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0))
+  stages = [optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0)]
+  if _GCPO_K.value > 0:
+    stages.append(run_setup.update_constraint(ml_collections.ConfigDict(dict(
+      name="gcpo", k=_GCPO_K.value, mode="bilateral", targets=subspace.DEFAULT_TARGETS))))
+  optimizer = optax.chain(*stages)
   if _MOMENTS.value == "float32":  # What the binaries do by default (`optimizer.moments_dtype`).
     optimizer = run_setup.with_float32_state(optimizer)
   elif _MOMENTS.value != "params":
@@ -186,7 +194,7 @@ def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> d
     params_bytes=_bytes_per_device(abstract_state.params, shardings.params),
     opt_state_bytes=_bytes_per_device(abstract_state.opt_state, shardings.opt_state),
     **_memory(compiled), batch=b, tokens_per_row=p + t, num_micro_batches=_MICRO.value,
-    moments_dtype=_MOMENTS.value)
+    moments_dtype=_MOMENTS.value, gcpo_k=_GCPO_K.value)
 
 
 def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
