@@ -38,8 +38,7 @@ def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, mode="bilateral", k=subspace.K, domain="arith",
                   model="small", steps=30)
   config = base_configs.grpo_base("grpo")
-  COMMON.set_task(config, f"mixture/{arg.domain}", arg.runlocal)
-  config.eval_tasks = COMMON.retention_tasks(arg.domain)
+  COMMON.set_task(config, f"mixture/{arg.domain}", arg.runlocal)  # + eval_tasks: the others
   config.model, config.steps = arg.model, arg.steps
   config.update_constraint = ml_collections.ConfigDict(dict(
     name="gcpo", k=arg.k, mode=arg.mode, targets=subspace.DEFAULT_TARGETS))

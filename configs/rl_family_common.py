@@ -37,6 +37,8 @@ def set_task(config, name: str, runlocal: bool) -> None:
     domain = name.partition("/")[2]
     config.task_knobs = (domain_task(domain)["task_knobs"] if domain
                          else dict(components=OPD_MIX.COMPONENTS))
+    if domain:  # the other domains: what a run on this one should retain
+      config.eval_tasks = retention_tasks(domain)
     config.prompt_len = OPD_MIX.PROMPT_LEN
     config.max_new_tokens = OPD_MIX.COMPLETION_LEN
   else:

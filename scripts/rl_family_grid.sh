@@ -11,11 +11,18 @@
 #   headroom_drift  Headroom-Drift replay (K_rep = half the fresh groups, τ = 1e-3)
 #   naive_replay    replay of the newest groups, no gate (the paper's naive replay)
 #   matched         on-policy with as many fresh groups as a replay step updates on
+# Retention rows (continual post-training: train on the mixture's arithmetic domain only, keep
+# countdown and format — `eval/<domain>/accuracy`; RETAIN_STEPS steps, evaluated at 0 and end):
+#   retain_grpo     plain GRPO on arithmetic
+#   retain_gcpo     GCPO: updates outside the starting weights' principal subspaces (k = 8)
+#   retain_cokl     CoKL: correctness-conditioned KL to cached reference answers
+#   retain_rkl      full-policy reverse KL (k3, β = 0.04), CoKL's baseline
+#   retain_rapo     RAPO's risk-aware per-prompt scale (R-Scale) on its RLOO backbone
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (default 20), PROMPTS (prompts per step,
 # default 16; 8 rollouts each), EVAL_EXAMPLES (default 256), EVAL_EVERY (default 5), ROWS (a
 # subset of the rows above), JOBS (seeds at once, default 1), STUDENT (an SFT run directory; by
-# default $R/sft, trained here with configs/opd_mix.py:sft, ≈ 32 min). A finished stage leaves
+# default $R/sft, trained here with configs/opd_mix.py:sft, ≈ 32 min), RETAIN_STEPS (default 12). A finished stage leaves
 # <run>/DONE and is skipped on a rerun; an interrupted one resumes. DRY_RUN=1 prints the commands.
 set -euo pipefail
 R=${1:?usage: scripts/rl_family_grid.sh <root dir>}
@@ -25,7 +32,9 @@ PROMPTS=${PROMPTS:-16}
 EVAL_EXAMPLES=${EVAL_EXAMPLES:-256}
 EVAL_EVERY=${EVAL_EVERY:-5}
 JOBS=${JOBS:-1}
-ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched"}
+RETAIN_STEPS=${RETAIN_STEPS:-12}
+ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched retain_grpo retain_gcpo \
+retain_cokl retain_rkl retain_rapo"}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
@@ -72,6 +81,20 @@ row() {  # row <name> <seed>
     matched) stage "$dir" python experiments/grpo.py \
                --config=configs/headroom_drift.py:replay=none --workdir="$dir" \
                $(common "$seed") --config.prompts_per_step=$((PROMPTS + PROMPTS / 2)) ;;
+    retain_*)
+      local variant
+      case $name in
+        retain_grpo) variant=configs/headroom_drift.py:replay=none,task=mixture/arith ;;
+        retain_gcpo) variant=configs/gcpo.py ;;
+        retain_cokl) variant=configs/cokl.py:task=mixture/arith ;;
+        retain_rkl) variant=configs/cokl.py:kl=reverse,task=mixture/arith ;;
+        retain_rapo) variant=configs/rapo.py:prior=uniform,task=mixture/arith ;;
+      esac
+      local extra=()
+      [[ $name == retain_cokl || $name == retain_rkl ]] && extra+=(--config.ppo_mini_batches=1)
+      stage "$dir" python experiments/grpo.py --config="$variant" --workdir="$dir" \
+        $(common "$seed") --config.steps="$RETAIN_STEPS" --config.eval_every="$RETAIN_STEPS" \
+        --config.checkpoint_every="$RETAIN_STEPS" "${extra[@]}" ;;
     *) echo "unknown row $name"; exit 1 ;;
   esac
 }

@@ -69,7 +69,7 @@ def test_grid_rows_are_valid_configs(tmp_path):
   out = subprocess.run(["bash", str(ROOT / "scripts" / "rl_family_grid.sh"), str(tmp_path)],
                        capture_output=True, text=True, env=env, check=True, timeout=60).stdout
   commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
-  assert len(commands) == 6 * 2, out  # 5 rows + the probe, per seed
+  assert len(commands) == 11 * 2, out  # 10 rows + the probe, per seed
   for command in commands:
     flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
     path, _, arg = flags["config"].partition(":")
