@@ -8,7 +8,9 @@ difference to GRPO of the same seed on the same prompts (mean, seeds > 0), the a
 accuracy curve (mean over the evaluations after step 0: TrajVal's time-averaged AUC), the first
 step at which the row reaches GRPO's best accuracy of the same seed (TrajVal's "steps to the
 baseline peak"), the replay and prior diagnostics, and minutes per run; then the grid's
-questions (`QUESTIONS`) as paired differences, seed by seed.
+questions (`QUESTIONS`) as paired differences, seed by seed; then the retention rows
+(`retain_*`: trained on the mixture's arithmetic): each run's own change from step 0 on
+arithmetic and on the retained domains, and `RETAIN_QUESTIONS` per domain.
 
 Plot: `rl_family_accuracy.png`, held-out accuracy over steps (mean over seeds) per row.
 """
@@ -46,6 +48,16 @@ QUESTIONS = (
   ("headroom_drift", "naive_replay", "Headroom-Drift's gate and ranking vs naive replay"),
   ("naive_replay", "grpo", "naive replay vs on-policy, same fresh batch"),
 )
+# Retention rows: trained on the mixture's arithmetic, the other domains evaluated.
+RETAIN_BASELINE = "retain_grpo"
+RETAINED = ("countdown", "format")
+RETAIN_QUESTIONS = (
+  ("retain_gcpo", "retain_grpo", "GCPO vs GRPO"),
+  ("retain_cokl", "retain_grpo", "CoKL vs GRPO (no KL)"),
+  ("retain_cokl", "retain_rkl", "CoKL vs full-policy reverse KL"),
+  ("retain_rkl", "retain_grpo", "reverse KL vs GRPO (no KL)"),
+  ("retain_rapo", "retain_grpo", "RAPO's R-Scale (RLOO) vs GRPO"),
+)
 DIAGNOSTICS = (("replay/accepted", "replayed groups / step"),
                ("replay/drift_accepted", "drift of replayed"),
                ("prior/learnable_fraction", "learnable fraction"))
@@ -59,7 +71,38 @@ def steps_to_reach(records, target: float) -> float:
   return float("nan")
 
 
+def retention_table(rows: dict) -> str:
+  """Target gain and retained-domain change, each the run's own last − step 0 (paired over the
+  same prompts), then the questions: row − baseline at the last evaluation, per domain."""
+  head = ("| row | seeds | arith acc. (last) | arith, last − step 0 | " +
+          " | ".join(f"{d}, last − step 0" for d in RETAINED) + " | min per run |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for row, seeds in rows.items():
+    cells = []
+    for key in ("greedy_correct", *(f"greedy_correct/{d}" for d in RETAINED)):
+      cells.append(fmt([grid_report.change_from_start(run, key)[0] for run in seeds.values()],
+                       1, 100, sign=True))
+    last = [float(np.mean(grid_report.last_greedy(run))) for run in seeds.values()]
+    lines.append(f"| {row} | {len(seeds)} | {fmt(last)} | " + " | ".join(cells) +
+                 f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
+  lines += ["", "| question | arith (per seed; mean) | " +
+            " | ".join(f"{d} (per seed; mean)" for d in RETAINED) + " |",
+            "|---|---|" + "---|" * len(RETAINED)]
+  for row, other, question in RETAIN_QUESTIONS:
+    if row not in rows or other not in rows:
+      continue
+    cells = []
+    for key in ("greedy_correct", *(f"greedy_correct/{d}" for d in RETAINED)):
+      diffs, _ = grid_report.paired_rows(rows, row, other, key)
+      cells.append(" / ".join(f"{100 * d:+.1f}" for d in diffs) +
+                   f"; {fmt(diffs, 1, 100, sign=True)}")
+    lines.append(f"| {question} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def table(rows: dict) -> str:
+  retain = {k: v for k, v in rows.items() if k.startswith("retain_")}
+  rows = {k: v for k, v in rows.items() if not k.startswith("retain_")}
   base = rows.get(BASELINE, {})
   head = ("| row | seeds | greedy acc. (last) | − GRPO, paired (seeds > 0) | AUC (evals > 0) | "
           "step reaching GRPO's best | " + " | ".join(d for _, d in DIAGNOSTICS) +
@@ -96,6 +139,9 @@ def table(rows: dict) -> str:
     per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
     lines.append(f"| {question} | {per_seed} | {fmt(diffs, 1, 100, sign=True)} | "
                  f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {fmt(ses, 1, 100)} |")
+  if retain:
+    lines += ["", "Retention (trained on arithmetic only; countdown and format evaluated):", "",
+              retention_table(retain)]
   return "\n".join(lines) + "\n"
 
 
@@ -103,6 +149,8 @@ def plots(rows: dict, out_dir: Path) -> None:
   out_dir.mkdir(parents=True, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.5, 3.8))
   for row, seeds in rows.items():
+    if row.startswith("retain_"):
+      continue
     steps, accs = grid_report.curve(seeds, ACC)
     ax.plot(steps, accs, marker="o", label=row, linestyle="--" if row == BASELINE else "-")
   ax.set_xlabel("step")

@@ -57,21 +57,31 @@ def collect_runs(root: Path) -> dict[str, dict[int, dict]]:
   return rows
 
 
-def last_greedy(run: dict) -> np.ndarray:
-  """Per-prompt greedy correctness at a run's last evaluation."""
+def last_greedy(run: dict, key: str = "greedy_correct") -> np.ndarray:
+  """Per-prompt outcomes `key` (default greedy correctness; `greedy_correct/<task>` for an
+  `eval_tasks` entry) at a run's last evaluation."""
   outcomes = run["outcomes"]
-  return outcomes[max(outcomes)]["greedy_correct"]
+  return outcomes[max(outcomes)][key]
 
 
-def paired_rows(rows: dict, row: str, other: str) -> tuple[list[float], list[float]]:
+def paired_rows(rows: dict, row: str, other: str, key: str = "greedy_correct"
+                ) -> tuple[list[float], list[float]]:
   """Seed by seed, `row` − `other` at the last evaluation, paired over the same prompts:
   `(differences, standard errors)` for the seeds both rows have."""
   diffs, ses = [], []
   for seed in sorted(set(rows.get(row, {})) & set(rows.get(other, {}))):
-    gain, se = paired_gain(last_greedy(rows[other][seed]), last_greedy(rows[row][seed]))
+    gain, se = paired_gain(last_greedy(rows[other][seed], key), last_greedy(rows[row][seed], key))
     diffs.append(gain)
     ses.append(se)
   return diffs, ses
+
+
+def change_from_start(run: dict, key: str = "greedy_correct") -> tuple[float, float]:
+  """A run's own last-minus-step-0 change of outcomes `key`, paired over the same prompts."""
+  outcomes = run["outcomes"]
+  if 0 not in outcomes or key not in outcomes[0]:
+    return float("nan"), float("nan")
+  return paired_gain(outcomes[0][key], last_greedy(run, key))
 
 
 def curve(seeds: dict, key: str) -> tuple[list[int], list[float]]:

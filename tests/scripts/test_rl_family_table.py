@@ -86,3 +86,26 @@ def test_grid_rows_are_valid_configs(tmp_path):
     replayed = replay.budget if replay is not None and replay.name != "none" else 0
     rows = (config.prompts_per_step + replayed) * config.group_size
     assert rows % (config.ppo_mini_batches * config.num_micro_batches) == 0
+
+
+def test_retention_rows_report_the_change_of_each_domain(tmp_path):
+  def run(name, seed, arith, countdown):
+    out = tmp_path / "runs" / name / f"seed{seed}"
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.5}) + "\n")
+    (out / "DONE").write_text("60")
+    for step, (a, c) in enumerate(zip(arith, countdown)):
+      write_eval_outcomes(out, 12 * step, greedy_correct=np.asarray(a, np.float64),
+                          **{"greedy_correct/countdown": np.asarray(c, np.float64),
+                             "greedy_correct/format": np.ones(2)})
+
+  for seed in (0, 1):
+    run("retain_grpo", seed, ([0, 0], [1, 0]), ([1, 1], [0, 1]))  # +50 arith, −50 countdown
+    run("retain_gcpo", seed, ([0, 0], [1, 0]), ([1, 1], [1, 1]))  # +50 arith, kept countdown
+  text = SCRIPT.table(SCRIPT.grid_report.collect_runs(tmp_path))
+  row = next(line for line in text.splitlines() if line.startswith("| retain_gcpo |"))
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[3:6] == ["+50.0 ± 0.0", "+0.0 ± 0.0", "+0.0 ± 0.0"]
+  question = next(line for line in text.splitlines() if line.startswith("| GCPO vs GRPO"))
+  cells = [c.strip() for c in question.strip("|").split("|")]
+  assert cells[1:3] == ["+0.0 / +0.0; +0.0 ± 0.0", "+50.0 / +50.0; +50.0 ± 0.0"]
