@@ -38,19 +38,7 @@ ROWS=${ROWS:-$ALL_ROWS}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
-DRY_RUN=${DRY_RUN:-0}
-stage() {  # stage <run dir> <command...>: skipped when <run dir>/DONE exists
-  local dir=$1; shift
-  if ((DRY_RUN)); then echo "+ $*"; return; fi
-  if [[ -f $dir/DONE ]]; then echo "skip $dir (done)"; return; fi
-  mkdir -p "$(dirname "$dir")"
-  echo "$(date +%T) start $dir"
-  local t0=$SECONDS
-  "$@" > "$dir.log" 2>&1 || { echo "FAILED $dir: see $dir.log"; exit 1; }
-  mkdir -p "$dir"
-  echo "$((SECONDS - t0))" > "$dir/DONE"
-  echo "$(date +%T) done $dir in $((SECONDS - t0)) s"
-}
+source scripts/grid_stage.sh  # stage <run dir> <command...>; DRY_RUN
 
 # 1. Student (quickstart SFT, greedy ≈ 0.73) and strong teacher (its 40 GRPO steps, ≈ 0.87).
 stage "$R/quickstart" python experiments/quickstart.py --seed=0 --workdir="$R/quickstart"

@@ -38,19 +38,7 @@ retain_cokl retain_rkl retain_rapo"}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
-DRY_RUN=${DRY_RUN:-0}
-stage() {  # stage <run dir> <command...>: skipped when <run dir>/DONE exists
-  local dir=$1; shift
-  if ((DRY_RUN)); then echo "+ $*"; return; fi
-  if [[ -f $dir/DONE ]]; then echo "skip $dir (done)"; return; fi
-  mkdir -p "$(dirname "$dir")"
-  echo "$(date +%T) start $dir"
-  local t0=$SECONDS
-  "$@" > "$dir.log" 2>&1 || { echo "FAILED $dir: see $dir.log"; exit 1; }
-  mkdir -p "$dir"
-  echo "$((SECONDS - t0))" > "$dir/DONE"
-  echo "$(date +%T) done $dir in $((SECONDS - t0)) s"
-}
+source scripts/grid_stage.sh  # stage <run dir> <command...>; DRY_RUN
 
 STUDENT=${STUDENT:-$R/sft}
 [[ $STUDENT == "$R/sft" ]] && stage "$R/sft" python experiments/sft.py \
