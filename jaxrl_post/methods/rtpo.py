@@ -30,6 +30,13 @@ in what is sampled, which tokens are trained and against which baseline (RTPO, a
               advantages (`methods.stage_credit.CanopyCredit`), one update per batch, k3 KL to
               the starting policy, and a pilot that checks the group size against the signal-
               coverage rule before the first step.
+  draco, draco_static
+              DRACO (arXiv 2609.04094) and its "static rubric, no step credit" baseline:
+              turn_grpo on a rubric judge's reward instead of the env's, each turn row's
+              advantage spread by the judge's step citations (`methods.rubric_credit`).
+  factor      FACTOR (arXiv 2608.07118): turn_grpo with TD action credit from Monte-Carlo
+              continuations of turn snapshots and hindsight token allocation, per-token
+              advantages under the per-action-mean loss (`methods.action_credit`).
 
 An RL step reads top to bottom in `grpo_step` / `rtpo_step`: start states → rollouts
 (`sampling.multiturn.rollout`) → returns → advantages (`losses.rtpo`) → (context, action) rows →
@@ -68,8 +75,8 @@ from jaxrl_post import losses
 from jaxrl_post.envs import Env, EnvState, get_env, make_context
 from jaxrl_post.envs.context import ContextFn
 from jaxrl_post.losses import rtpo as rtpo_losses
+from jaxrl_post.methods import action_credit, rubric_credit, stage_credit
 from jaxrl_post.methods import ocsd as ocsd_lib
-from jaxrl_post.methods import stage_credit
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import put_batch
@@ -91,7 +98,11 @@ OCSD_HOST = "turn_grpo"
 # (`methods.stage_credit`), modes like OCSD.
 TEMPORAL_GRPO, STAGE_REWARD, CANOPY = (stage_credit.TEMPORAL_GRPO, stage_credit.STAGE_REWARD,
                                        stage_credit.CANOPY)
-HOOK_MODES = (OCSD, TEMPORAL_GRPO, STAGE_REWARD, CANOPY)  # all hosted by turn_grpo
+# DRACO and its static-rubric baseline (`methods.rubric_credit`), also turn_grpo hooks.
+DRACO, DRACO_STATIC = rubric_credit.DRACO, rubric_credit.DRACO_STATIC
+# FACTOR (`methods.action_credit`), a turn_grpo hook too.
+FACTOR = action_credit.FACTOR
+HOOK_MODES = (OCSD, TEMPORAL_GRPO, STAGE_REWARD, CANOPY, DRACO, DRACO_STATIC, FACTOR)
 MODES = (SFT, *METHODS, *HOOK_MODES)  # what `config.method` may be
 # Fill values of padding rows (`Learner.put`) where 0 is not neutral.
 _ROW_PADDING = {"turn_ids": -1, "turn": -1, "weight": 1.0}
@@ -647,7 +658,11 @@ class RTPO:
   one of turn_grpo's hooked modes: `ocsd` (`methods.ocsd.Calibrator`, `config.ocsd.*`),
   `temporal_grpo` / `stage_reward` (`methods.stage_credit.StageCredit`,
   `config.temporal_grpo.*`) or `canopy` (`methods.stage_credit.CanopyCredit`, `config.canopy.*`;
-  its group-size pilot runs in `start` of a fresh run, and its metrics join the first step's).
+  its group-size pilot runs in `start` of a fresh run, and its metrics join the first step's)
+  or `draco` / `draco_static` (`methods.rubric_credit.RubricCredit`, `config.draco.*`; its
+  leniency draws come from `(config.seed, step)`) or `factor`
+  (`methods.action_credit.ActionCredit`, `config.factor.*`; its continuations' tokens count in
+  the budget).
   Each step draws its episodes from `(config.seed, step)` only, so a resumed run sees the same
   ones; the tokens generated for training add up in `budget/generated_tokens`, and the run
   stops once they reach `config.max_generated_tokens` (0: no budget), so methods compare at
@@ -678,6 +693,8 @@ class RTPO:
     self.method = None
     self.ocsd = None
     self.canopy = None
+    self.draco = None
+    self.factor = None
     # Hook knobs are validated here, before the model is built: a bad knob fails in seconds.
     if config.method == OCSD:
       self.ocsd = ocsd_lib.OCSDConfig.from_config(config.ocsd.to_dict())
@@ -691,6 +708,14 @@ class RTPO:
       self.canopy = stage_credit.CanopyConfig.from_config(config.canopy.to_dict())
       stage_credit.check_canopy_protocol(config.loss.to_dict(), ppo_epochs=config.ppo_epochs,
                                          ppo_mini_batches=config.ppo_mini_batches)
+    if config.method in rubric_credit.DRACO_MODES:
+      self.draco = rubric_credit.RubricConfig.from_config(
+        config.draco.to_dict() if "draco" in config else None)
+      self.env.stage_detectors(self.env.make_episode("train", 0))  # the judge's stages
+    if config.method == FACTOR:
+      self.factor = action_credit.FactorConfig.from_config(
+        config.factor.to_dict() if "factor" in config else None)
+      action_credit.check_factor_protocol(config.loss.to_dict())
     if not self.sft_mode:
       self.method = MethodConfig(
         method=OCSD_HOST if config.method in HOOK_MODES else config.method,
@@ -747,6 +772,16 @@ class RTPO:
                          split="train", greedy=False, rng=jax.random.key(config.seed + 3))
         self.pilot = stage_credit.check_canopy_group_size(config.group_size, pilot["success"],
                                                           config=self.canopy)
+    if self.draco is not None:
+      self.batch_hook = rubric_credit.RubricCredit(
+        env=self.env, group_size=config.group_size, mode=config.method, config=self.draco,
+        advantage=config.advantage, advantage_eps=config.advantage_eps, seed=config.seed)
+    if self.factor is not None:
+      self.batch_hook = action_credit.ActionCredit(
+        backend=self.learner, tokenizer=self.tokenizer, max_context_len=config.max_context_len,
+        group_size=config.group_size, total_steps=self.factor.eta_steps or config.steps,
+        config=self.factor,
+        seed=config.seed)
 
   def _stage_knobs(self) -> dict[str, float]:
     """`config.temporal_grpo` (its `eps`), checked."""
@@ -789,11 +824,16 @@ class RTPO:
       record = {f"train/{k}": v for k, v in update.items()}
       step_tokens = 0
     else:
+      hook = self.batch_hook
+      if isinstance(hook, (rubric_credit.RubricCredit, action_credit.ActionCredit)):
+        hook = hook.at_step(step)  # DRACO's leniency draws, FACTOR's η and continuations
       out = method_step(
         state, learner, [self.env.initial_state(i, "train") for i in indices],
         config=self.method, rng=jax.random.fold_in(self.rng, step),
-        shuffle=np.random.default_rng([config.seed, step, 1]), batch_hook=self.batch_hook)
+        shuffle=np.random.default_rng([config.seed, step, 1]), batch_hook=hook)
       state, record, step_tokens = out.state, out.metrics, out.generated_tokens
+      # FACTOR's Monte-Carlo continuations are sampling for training too.
+      step_tokens += int(record.get("factor/continuation_tokens", 0))
       # The CANOPY pilot's numbers, once per fresh run, with its first step.
       record.update(self.pilot)
       self.pilot = {}
