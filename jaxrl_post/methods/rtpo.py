@@ -730,7 +730,10 @@ class RTPO:
       if config.method == "flat_grpo" and rows % config.ppo_mini_batches:
         raise ValueError(f"config.ppo_mini_batches={config.ppo_mini_batches} must divide the "
                          f"{rows} episodes of a step (prompts_per_step × group_size)")
-    self.model = run_setup.build_model(config, self.tokenizer, run.start, run.train_mesh,
+    # Built from where the run first started: a workdir restart of a run initialised from
+    # Hugging Face weights must start (and copy its references) from those weights.
+    first = run_setup.start_point(config, str(run.workdir), ignore_workdir=True)
+    self.model = run_setup.build_model(config, self.tokenizer, first, run.train_mesh,
                                        run.train_rules)
     logging.info("%s on %s (K=%d)", config.method, config.env, self.env.horizon)
     return self.model

@@ -16,10 +16,13 @@ which exposes `task`, `sampler`, `scorer`, `evaluator`, `config` and the other p
 the order they run:
 
   world_model    methods.world_model       WMRL's world-model rewards, debiased by anchors
+  rubric         methods.rubric_evolution  CARE's evolving rubric rewards (replace the verifier's)
+  intervention   methods.interventions     RAIL's bandit-chosen extra rollouts (enlarged groups)
   task_prior     methods.task_priors       TrajVal's learnability prior, RAPO's risk buckets
   sample_scale   methods.sample_scale      RAPO's per-prompt loss scale
   replay         methods.group_replay      Headroom-Drift replay and its baselines
   regularizer    methods.cokl_regularizer  CoKL's correctness-conditioned KL
+  control        methods.control_regularizer  CD-RFT's shared-control-bottleneck penalty
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from typing import Any, NamedTuple
 
 from jaxrl_post.methods import (
   cokl_regularizer,
+  control_regularizer,
   group_replay,
+  interventions,
+  rubric_evolution,
   sample_scale,
   task_priors,
   world_model,
@@ -52,9 +58,12 @@ def build_step_parts(config, task) -> dict[str, Any]:
   parts = {
     # First: its `rewards` hook sets the advantages that the later parts' transforms rescale.
     "world_model": world_model.build_world_model(config, task),
+    "rubric": rubric_evolution.build_rubric_evolution(config, task),
+    "intervention": interventions.build_interventions(config),
     "task_prior": task_priors.build_task_prior(config, task),
     "sample_scale": sample_scale.build_sample_scale(config),
     "replay": group_replay.build_group_replay(config),
     "regularizer": cokl_regularizer.build_regularizer(config),
+    "control": control_regularizer.build_control_regularizer(config, task),
   }
   return {name: part for name, part in parts.items() if part is not None}

@@ -262,8 +262,16 @@ def host_metrics(metrics) -> dict[str, float]:
 
 def build_run(config, workdir: str, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
   """`(task, tokenizer, start point, model)` of a run, all validated before compiling;
-  the model's parameters are born sharded on `mesh` when one is given."""
+  the model's parameters are born sharded on `mesh` when one is given.
+
+  The model is built from where the run *first* started (`start_point(ignore_workdir=True)`),
+  also when it resumes from its own workdir: a run initialised from Hugging Face weights must
+  hand the loop those weights as its starting policy (what `Method.start` copies into frozen
+  references), not a random initialisation that the workdir's checkpoint then overwrites.
+  The returned start point is the one the run resumes from.
+  """
   task = build_task(config)
   tokenizer = build_tokenizer(config)
   start = start_point(config, workdir)
-  return task, tokenizer, start, build_model(config, tokenizer, start, mesh, rules)
+  first = start_point(config, workdir, ignore_workdir=True)
+  return task, tokenizer, start, build_model(config, tokenizer, first, mesh, rules)

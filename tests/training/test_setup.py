@@ -159,3 +159,17 @@ def test_run_option_keys_apply_to_presets_and_hf_starts(tokenizer, hf_dir):
     run_setup.build_model(config, tokenizer, StartPoint("scratch"))
   with pytest.raises(ValueError, match="remat_policy='sometimes'"):
     run_setup.build_model(_config(remat_policy="sometimes"), tokenizer, StartPoint("scratch"))
+
+
+def test_a_workdir_restart_of_an_hf_run_builds_the_hf_weights(tokenizer, hf_dir, tmp_path):
+  # The run's own checkpoint (a step directory) makes it a "workdir" start; the model must
+  # still be built from the Hugging Face weights (the starting policy `Method.start` copies).
+  (tmp_path / "checkpoints" / "2").mkdir(parents=True)
+  config = _config(init_from=str(hf_dir), task="arith", task_knobs={})
+  _, _, start, model = run_setup.build_run(config, str(tmp_path))
+  assert start.kind == "workdir"
+  want = dict(_params(run_setup.build_model(config, tokenizer,
+                                            StartPoint("init_from_hf", hf_dir))))
+  for key, value in _params(model):
+    np.testing.assert_array_equal(np.asarray(value.get_value()),
+                                  np.asarray(want[key].get_value()), err_msg=str(key))

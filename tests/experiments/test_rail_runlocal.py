@@ -1,0 +1,114 @@
+"""RAIL on the one loop (configs/rail.py, runlocal): the bandit decides per group, extra rollouts
+are sampled into a fixed block of rows, the bandit learns from every decision, and a
+stopped-and-resumed run repeats the uninterrupted one (bandit, switch and rollout counts are in
+the checkpoint's method arrays)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_post.config_args import load_module
+from jaxrl_post.methods import interventions
+from jaxrl_post.methods.grpo import GRPO
+from jaxrl_post.training import loop
+from jaxrl_post.training.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = load_module(ROOT / "configs" / "rail.py")
+
+
+def _config(arg="runlocal", **overrides):
+  config = CONFIG.get_config(arg)
+  config.update(dict(eval_every=100, **overrides))
+  return config
+
+
+def _train(config, workdir):
+  method = GRPO(config)
+  loop.train(config, workdir, method)
+  return method
+
+
+def _same(a, b):
+  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
+  return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _records(workdir):
+  return [r for r in read_metrics(workdir) if "train/loss" in r]
+
+
+def test_rail_intervenes_learns_and_resumes_exactly(tmp_path, format_writer_policy):
+  init = str(format_writer_policy)
+  straight = _train(_config(init_from=init), tmp_path / "straight")
+  records = _records(tmp_path / "straight")
+  assert len(records) == 4
+  config = _config()
+  part = straight.parts["intervention"]
+  b, g = config.prompts_per_step, config.group_size
+  # One bandit update per group and step; every rollout (fresh and extra) is counted.
+  assert int(part.bandit.count) == 4 * b
+  extra = [r["rail/extra_rows"] for r in records]
+  assert part.spent.sum() == 4 * b * g + sum(extra)
+  assert all(0 <= e <= part.extra_rows for e in extra) and sum(extra) > 0
+  assert all(r["rail/interventions"] <= config.intervention.max_groups for r in records)
+  assert int(part.switch.decisions) == 4 * b
+
+  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = _train(_config(init_from=init), tmp_path / "resumed")
+  again = _records(tmp_path / "resumed")
+  state = part.array_state()
+  for key in ("bandit", "switch"):
+    for name, value in state[key].items():
+      np.testing.assert_array_equal(resumed.parts["intervention"].array_state()[key][name],
+                                    value, err_msg=f"{key}.{name}")
+  np.testing.assert_array_equal(resumed.parts["intervention"].spent, part.spent)
+  keys = ("train/loss", "train/reward_correct", "rail/interventions", "rail/extra_rows",
+          "rail/extra_tokens", "rail/gain", "rail/utility", "rail/mixed_after",
+          "rail/random_share")
+  assert [r["step"] for r in again] == [r["step"] for r in records]
+  for a, b_ in zip(again, records, strict=True):
+    for key in keys:
+      assert _same(a[key], b_[key]), (a["step"], key, a[key], b_[key])
+
+
+@pytest.mark.parametrize("overrides, match", [
+  ({"intervention.mode": "bogus"}, "config.intervention.mode='bogus'"),
+  ({"intervention.bandit": "ucb1"}, "config.intervention.bandit='ucb1'"),
+  ({"intervention.gain": "reward"}, "config.intervention.gain='reward'"),
+  ({"intervention.max_groups": 0}, "config.intervention.max_groups must be >= 1"),
+  ({"intervention.extra_rollouts": ()}, "config.intervention.extra_rollouts"),
+  ({"intervention.extra_rollouts": (0,)}, "config.intervention.extra_rollouts"),
+  ({"intervention.temperatures": (-1.0,)}, "config.intervention.extra_rollouts / temperatures"),
+  ({"intervention.epsilon": 1.5}, "config.intervention.epsilon"),
+  ({"intervention.gamma": 0.0}, "config.intervention.gamma"),
+  ({"intervention.extra_rollouts": (2, 3)}, "config.ppo_mini_batches"),  # 8 + 2·3 rows
+  ({"loss.beta": 0.04}, "config.loss.beta = 0"),
+  ({"rubric.mode": "care"}, "config.rubric.mode = 'none'"),
+])
+def test_rail_config_errors_name_the_key(overrides, match):
+  config = _config()
+  for key, value in overrides.items():
+    section, name = key.split(".")
+    if section not in config:
+      config[section] = {}
+    config[section][name] = value
+  with pytest.raises(ValueError, match=match):
+    interventions.build_interventions(config)
+
+
+def test_config_variants_and_sweep_build():
+  added = []
+  CONFIG.sweep(lambda **kw: added.append(kw))
+  assert len(added) == 9 and {kw["seed"] for kw in added} == {0, 1, 2}
+  for arg in ("", "runlocal", "bandit=lints,gain=variance", "mode=heuristic"):
+    part = interventions.build_interventions(_config(arg))
+    assert part.extra_rows == (8 if "runlocal" in arg else 32)
+    # "none" and restart × m × T (no branch arms on a single-turn host).
+    assert len(part.arms) == (1 + 2 * 2 if "runlocal" in arg else 1 + 3 * 3)
+  assert interventions.build_interventions(_config("mode=none")) is None
+  assert "rail/extra_tokens" in CONFIG.metrics()
+  with pytest.raises(ValueError, match="mode='bogus'"):
+    CONFIG.get_config("mode=bogus")
