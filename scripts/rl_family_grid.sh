@@ -18,6 +18,12 @@
 #   retain_cokl     CoKL: correctness-conditioned KL to cached reference answers
 #   retain_rkl      full-policy reverse KL (k3, β = 0.04), CoKL's baseline
 #   retain_rapo     RAPO's risk-aware per-prompt scale (R-Scale) on its RLOO backbone
+# Reward-side rows on 1-3 digit arithmetic (SIDE_STEPS steps, evaluated at 0, half and end):
+#   wmrl_env        GRPO on real rewards, through WMRL's advantage (configs/wmrl.py:mode=env)
+#   wmrl_raw        the stand-in world model alone, uncorrected
+#   wmrl            anchors + isotonic debiasing + inverse-variance weights
+#   care            rubric rewards whose rubrics evolve (pool of 64 prompts, so they recur)
+#   care_static     the initial (hackable) rubric throughout, same pool
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (default 20), PROMPTS (prompts per step,
 # default 16; 8 rollouts each), EVAL_EXAMPLES (default 256), EVAL_EVERY (default 5), ROWS (a
@@ -33,8 +39,9 @@ EVAL_EXAMPLES=${EVAL_EXAMPLES:-256}
 EVAL_EVERY=${EVAL_EVERY:-5}
 JOBS=${JOBS:-1}
 RETAIN_STEPS=${RETAIN_STEPS:-12}
+SIDE_STEPS=${SIDE_STEPS:-16}
 ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched retain_grpo retain_gcpo \
-retain_cokl retain_rkl retain_rapo"}
+retain_cokl retain_rkl retain_rapo wmrl_env wmrl_raw wmrl care care_static"}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
@@ -83,6 +90,19 @@ row() {  # row <name> <seed>
       stage "$dir" python experiments/grpo.py --config="$variant" --workdir="$dir" \
         $(common "$seed") --config.steps="$RETAIN_STEPS" --config.eval_every="$RETAIN_STEPS" \
         --config.checkpoint_every="$RETAIN_STEPS" "${extra[@]}" ;;
+    wmrl*|care*)
+      local variant extra=()
+      case $name in
+        wmrl_env) variant=configs/wmrl.py:mode=env ;;
+        wmrl_raw) variant=configs/wmrl.py:mode=raw ;;
+        wmrl) variant=configs/wmrl.py ;;
+        care) variant=configs/care.py; extra+=(--config.num_train_examples=64) ;;
+        care_static) variant=configs/care.py:mode=static
+                     extra+=(--config.num_train_examples=64) ;;
+      esac
+      stage "$dir" python experiments/grpo.py --config="$variant" --workdir="$dir" \
+        $(common "$seed") --config.steps="$SIDE_STEPS" --config.eval_every=$((SIDE_STEPS / 2)) \
+        --config.checkpoint_every="$SIDE_STEPS" "${extra[@]}" ;;
     *) echo "unknown row $name"; exit 1 ;;
   esac
 }

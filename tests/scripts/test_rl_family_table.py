@@ -69,7 +69,7 @@ def test_grid_rows_are_valid_configs(tmp_path):
   out = subprocess.run(["bash", str(ROOT / "scripts" / "rl_family_grid.sh"), str(tmp_path)],
                        capture_output=True, text=True, env=env, check=True, timeout=60).stdout
   commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
-  assert len(commands) == 11 * 2, out  # 10 rows + the probe, per seed
+  assert len(commands) == 16 * 2, out  # 15 rows + the probe, per seed
   for command in commands:
     flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
     path, _, arg = flags["config"].partition(":")
@@ -81,7 +81,9 @@ def test_grid_rows_are_valid_configs(tmp_path):
         for parent in parents:
           node = node[parent]
         node[last] = type(node[last])(value)
-    assert config.init_from == "/student" and config.task == "mixture"
+    assert config.init_from == "/student"
+    assert config.task == ("arith" if "wmrl" in flags["config"] or "care" in flags["config"]
+                           else "mixture")
     replay = config.get("replay")
     replayed = replay.budget if replay is not None and replay.name != "none" else 0
     rows = (config.prompts_per_step + replayed) * config.group_size
