@@ -28,7 +28,9 @@
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (default 20), PROMPTS (prompts per step,
 # default 16; 8 rollouts each), EVAL_EXAMPLES (default 256), EVAL_EVERY (default 5), ROWS (a
 # subset of the rows above), JOBS (seeds at once, default 1), STUDENT (an SFT run directory; by
-# default $R/sft, trained here with configs/opd_mix.py:sft, ≈ 32 min), RETAIN_STEPS (default 12). A finished stage leaves
+# default $R/sft, trained here with configs/opd_mix.py:sft, ≈ 32 min), RETAIN_STEPS (default 12),
+# RETAIN_LR (the retention rows' learning rate; default the configs' 5e-5), SIDE_STEPS
+# (default 16). A finished stage leaves
 # <run>/DONE and is skipped on a rerun; an interrupted one resumes. DRY_RUN=1 prints the commands.
 set -euo pipefail
 R=${1:?usage: scripts/rl_family_grid.sh <root dir>}
@@ -40,6 +42,7 @@ EVAL_EVERY=${EVAL_EVERY:-5}
 JOBS=${JOBS:-1}
 RETAIN_STEPS=${RETAIN_STEPS:-12}
 SIDE_STEPS=${SIDE_STEPS:-16}
+RETAIN_LR=${RETAIN_LR:-}  # the retention rows' learning rate (default: the configs' 5e-5)
 ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched retain_grpo retain_gcpo \
 retain_cokl retain_rkl retain_rapo wmrl_env wmrl_raw wmrl care care_static"}
 cd "$(dirname "$0")/.."
@@ -87,6 +90,7 @@ row() {  # row <name> <seed>
       esac
       local extra=()
       [[ $name == retain_cokl || $name == retain_rkl ]] && extra+=(--config.ppo_mini_batches=1)
+      [[ -n $RETAIN_LR ]] && extra+=(--config.optimizer.lr="$RETAIN_LR")
       stage "$dir" python experiments/grpo.py --config="$variant" --workdir="$dir" \
         $(common "$seed") --config.steps="$RETAIN_STEPS" --config.eval_every="$RETAIN_STEPS" \
         --config.checkpoint_every="$RETAIN_STEPS" "${extra[@]}" ;;

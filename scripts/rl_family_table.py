@@ -58,6 +58,19 @@ RETAIN_QUESTIONS = (
   ("retain_rkl", "retain_grpo", "reverse KL vs GRPO (no KL)"),
   ("retain_rapo", "retain_grpo", "RAPO's R-Scale (RLOO) vs GRPO"),
 )
+# Reward-side rows (1-3 digit arithmetic): WMRL and CARE against their own baselines.
+SIDE_PREFIXES = ("wmrl", "care")
+SIDE_QUESTIONS = (
+  ("wmrl", "wmrl_env", "WMRL vs GRPO on real rewards (every row verified)"),
+  ("wmrl", "wmrl_raw", "WMRL vs the world model alone"),
+  ("wmrl_raw", "wmrl_env", "the world model alone vs real rewards"),
+  ("care", "care_static", "CARE's evolving rubrics vs the static rubric"),
+)
+SIDE_DIAGNOSTICS = (("wmrl/env_rows", "verified rows / step"),
+                    ("wmrl/rwm_corr", "corr(r_wm, r)"),
+                    ("care/rubric_reward", "rubric reward"),
+                    ("care/true_accuracy", "rollouts' true accuracy"),
+                    ("care/hack_gap", "hack gap"))
 DIAGNOSTICS = (("replay/accepted", "replayed groups / step"),
                ("replay/drift_accepted", "drift of replayed"),
                ("prior/learnable_fraction", "learnable fraction"))
@@ -100,9 +113,38 @@ def retention_table(rows: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def side_table(rows: dict) -> str:
+  """Each row's last accuracy and its change from step 0, the method diagnostics (mean over
+  steps, then over seeds), and `SIDE_QUESTIONS` as paired differences at the last evaluation."""
+  head = ("| row | seeds | greedy acc. (last) | last − step 0 | " +
+          " | ".join(d for _, d in SIDE_DIAGNOSTICS) + " | min per run |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for row, seeds in rows.items():
+    last = [float(np.mean(grid_report.last_greedy(run))) for run in seeds.values()]
+    gain = [grid_report.change_from_start(run)[0] for run in seeds.values()]
+    diag = []
+    for key, _ in SIDE_DIAGNOSTICS:
+      per_seed = [float(np.nanmean([v for _, v in values(run["records"], key)]))
+                  for run in seeds.values() if values(run["records"], key)]
+      diag.append(fmt(per_seed, 3) if per_seed else "")
+    lines.append(f"| {row} | {len(seeds)} | {fmt(last)} | {fmt(gain, 1, 100, sign=True)} | " +
+                 " | ".join(diag) + f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
+  lines += ["", "| question | difference, points (per seed) | mean ± std | seeds > 0 | "
+            "mean paired SE |", "|---|---|---|---|---|"]
+  for row, other, question in SIDE_QUESTIONS:
+    if row not in rows or other not in rows:
+      continue
+    diffs, ses = grid_report.paired_rows(rows, row, other)
+    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
+    lines.append(f"| {question} | {per_seed} | {fmt(diffs, 1, 100, sign=True)} | "
+                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {fmt(ses, 1, 100)} |")
+  return "\n".join(lines) + "\n"
+
+
 def table(rows: dict) -> str:
   retain = {k: v for k, v in rows.items() if k.startswith("retain_")}
-  rows = {k: v for k, v in rows.items() if not k.startswith("retain_")}
+  side = {k: v for k, v in rows.items() if k.startswith(SIDE_PREFIXES)}
+  rows = {k: v for k, v in rows.items() if k not in retain and k not in side}
   base = rows.get(BASELINE, {})
   head = ("| row | seeds | greedy acc. (last) | − GRPO, paired (seeds > 0) | AUC (evals > 0) | "
           "step reaching GRPO's best | " + " | ".join(d for _, d in DIAGNOSTICS) +
@@ -142,6 +184,8 @@ def table(rows: dict) -> str:
   if retain:
     lines += ["", "Retention (trained on arithmetic only; countdown and format evaluated):", "",
               retention_table(retain)]
+  if side:
+    lines += ["", "Reward side (1-3 digit arithmetic):", "", side_table(side)]
   return "\n".join(lines) + "\n"
 
 
@@ -149,7 +193,7 @@ def plots(rows: dict, out_dir: Path) -> None:
   out_dir.mkdir(parents=True, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.5, 3.8))
   for row, seeds in rows.items():
-    if row.startswith("retain_"):
+    if row.startswith(("retain_", *SIDE_PREFIXES)):
       continue
     steps, accs = grid_report.curve(seeds, ACC)
     ax.plot(steps, accs, marker="o", label=row, linestyle="--" if row == BASELINE else "-")
