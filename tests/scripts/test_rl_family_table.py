@@ -111,3 +111,23 @@ def test_retention_rows_report_the_change_of_each_domain(tmp_path):
   question = next(line for line in text.splitlines() if line.startswith("| GCPO vs GRPO"))
   cells = [c.strip() for c in question.strip("|").split("|")]
   assert cells[1:3] == ["+0.0 / +0.0; +0.0 ± 0.0", "+50.0 / +50.0; +50.0 ± 0.0"]
+
+
+def test_reward_side_rows_get_their_own_table():
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as tmp:
+    root = Path(tmp)
+    for seed in (0, 1):
+      _run(root, "wmrl_env", seed, [1, 0, 0, 1], [(0, 0.5), (16, 0.5)],
+           extra=[{"step": 1, "wmrl/env_rows": 128.0}])
+      _run(root, "wmrl", seed, [1, 1, 0, 1], [(0, 0.5), (16, 0.75)],
+           extra=[{"step": 1, "wmrl/env_rows": 16.0}, {"step": 2, "wmrl/env_rows": 32.0}])
+    text = SCRIPT.table(SCRIPT.grid_report.collect_runs(root))
+  assert "| grpo |" not in text and "Reward side" in text
+  row = next(line for line in text.splitlines() if line.startswith("| wmrl |"))
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[2:5] == ["0.750 ± 0.000", "+75.0 ± 0.0", "24.000 ± 0.000"]
+  question = next(line for line in text.splitlines() if line.startswith("| WMRL vs GRPO"))
+  assert [c.strip() for c in question.strip("|").split("|")][1:4] == [
+    "+25.0 / +25.0", "+25.0 ± 0.0", "2/2"]
