@@ -164,7 +164,7 @@ def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
   else:
     raise ValueError(f"config.optimizer.name={opt.name!r}: expected 'adamw' or 'sgd'")
   stages = [optax.clip_by_global_norm(opt.grad_clip), update]
-  constraint = config.get("update_constraint")
+  constraint = getattr(config, "update_constraint", None)  # absent: a plain optimizer
   if constraint is not None and constraint.name != "none":
     stages.append(update_constraint(constraint))
   chain = optax.chain(*stages)
