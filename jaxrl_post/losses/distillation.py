@@ -142,7 +142,7 @@ def topk_opd_reward(
     [-0.5199, 0.0]
 
   References:
-    Gao et al., Open-MOPD, arXiv 2608.19098 (§1.4 (b) of the spec).
+    Gao et al., Open-MOPD, arXiv 2608.19098.
   """
   chex.assert_rank([student_topk_logp, teacher_topk_logp], 3)
   chex.assert_equal_shape([student_topk_logp, teacher_topk_logp])
@@ -186,7 +186,7 @@ def refresh_topk_reward(
     [0.0, -0.2027]
 
   References:
-    Gao et al., Open-MOPD, arXiv 2608.19098 (§1.4 (f) of the spec).
+    Gao et al., Open-MOPD, arXiv 2608.19098.
   """
   return topk_opd_reward(jax.lax.stop_gradient(current_topk_logp), teacher_topk_logp, mask)
 
@@ -664,7 +664,7 @@ def opd_topk_ppo_loss(
     0.5199
 
   References:
-    Gao et al., Open-MOPD, arXiv 2608.19098 (§1.4 (f), (g) of the spec).
+    Gao et al., Open-MOPD, arXiv 2608.19098.
     Ye et al., dual clip, arXiv 1912.09729.  Yu et al., DAPO (clip-higher), arXiv 2503.14476.
   """
   chex.assert_rank([topk_logp, old_topk_logp, teacher_topk_logp], 3)

@@ -1,4 +1,4 @@
-"""Ranking rewards for score-predicting policies (PCQA-R1, arXiv 2608.18627, §5 of the spec).
+"""Ranking rewards for score-predicting policies (PCQA-R1, arXiv 2608.18627).
 
 The policy reads a point cloud (six rendered views) and writes a reasoning block followed by a
 quality score in `<answer>…</answer>`. Each of the `num_prompts` prompts of a batch gets K
