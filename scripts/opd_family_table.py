@@ -35,9 +35,7 @@ from absl import flags  # noqa: E402
 from jaxrl_post import script_flags  # noqa: E402
 from jaxrl_post.training import grid_report  # noqa: E402
 from jaxrl_post.training.evaluation import paired_gain  # noqa: E402
-from jaxrl_post.training.grid_report import curve as _curve  # noqa: E402
-from jaxrl_post.training.grid_report import fmt as _fmt  # noqa: E402
-from jaxrl_post.training.grid_report import values as _values  # noqa: E402
+from jaxrl_post.training.grid_report import curve, fmt, values  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
 FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
@@ -73,7 +71,7 @@ def collect(root: Path) -> dict:
   rows = grid_report.collect_runs(root)
   teachers = {}
   for name, path in (("strong", root / "quickstart" / "grpo"), ("weak", root / "weak")):
-    acc = _values(read_metrics(path), ACC) if path.exists() else []
+    acc = values(read_metrics(path), ACC) if path.exists() else []
     teachers[name] = acc[-1][1] if acc else float("nan")
   return {"rows": rows, "teachers": teachers}
 
@@ -111,34 +109,26 @@ def table(data: dict) -> str:
         g_out = grpo[seed]["outcomes"]
         vs_grpo.append(paired_gain(g_out[_last_step(g_out)]["greedy_correct"],
                                    out[end]["greedy_correct"])[0])
-      evals = _values(run["records"], ACC)
+      evals = values(run["records"], ACC)
       middle = [v for s, v in evals if 0 < s < end]
       mid.append(middle[0] if middle else float("nan"))
-      coef = _values(run["records"], "distill/tv_coef")
+      coef = values(run["records"], "distill/tv_coef")
       if coef:
         c_first.append(coef[0][1])
         c_last.append(coef[-1][1])
-      adv.append(float(np.mean([v for _, v in _values(run["records"], "distill/adv_abs_mean")]
+      adv.append(float(np.mean([v for _, v in values(run["records"], "distill/adv_abs_mean")]
                                or [np.nan])))
     wins = f" ({sum(v > 0 for v in vs_grpo)}/{len(vs_grpo)})" if vs_grpo else ""
-    coef_cell = f"{_fmt(c_first)} → {_fmt(c_last)}" if c_first else ""
+    coef_cell = f"{fmt(c_first)} → {fmt(c_last)}" if c_first else ""
     lines.append(
-      f"| {method} | {teacher} | {len(seeds)} | {_fmt(last)} | "
-      f"{_fmt(gains, 1, 100, sign=True)} ({_fmt(ses, 1, 100)}) | "
-      f"{_fmt(vs_grpo, 1, 100, sign=True) + wins if vs_grpo else ''} | {_fmt(mid)} | "
-      f"{coef_cell} | {_fmt(adv, 3)} | {_fmt([s['minutes'] for s in seeds.values()], 1)} |")
-  lines += ["", "| question | difference, points (per seed) | mean ± std | seeds > 0 | "
-            "mean paired SE |", "|---|---|---|---|---|"]
-  for row, other, question in QUESTIONS:
-    if row not in rows or other not in rows:
-      continue
-    diffs, ses = grid_report.paired_rows(rows, row, other)
-    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
-    lines.append(f"| {question} | {per_seed} | {_fmt(diffs, 1, 100, sign=True)} | "
-                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {_fmt(ses, 1, 100)} |")
+      f"| {method} | {teacher} | {len(seeds)} | {fmt(last)} | "
+      f"{fmt(gains, 1, 100, sign=True)} ({fmt(ses, 1, 100)}) | "
+      f"{fmt(vs_grpo, 1, 100, sign=True) + wins if vs_grpo else ''} | {fmt(mid)} | "
+      f"{coef_cell} | {fmt(adv, 3)} | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
+  lines += ["", *grid_report.question_lines(rows, QUESTIONS)]
   t = data["teachers"]
   lines.append("")
-  lines.append(f"Student (step 0, greedy): {_fmt(student[:1])}; strong teacher "
+  lines.append(f"Student (step 0, greedy): {fmt(student[:1])}; strong teacher "
                f"{t['strong']:.3f}; weak teacher {t['weak']:.3f} (held-out greedy accuracy, "
                "each on its own run's evaluation set of the same size).")
   return "\n".join(lines) + "\n"
@@ -150,10 +140,10 @@ def plots(data: dict, out_dir: Path) -> None:
   for row, seeds in data["rows"].items():
     method, teacher = _label(row)
     ax = axes[1] if teacher == "weak" else axes[0]
-    steps, values = _curve(seeds, ACC)
-    ax.plot(steps, values, marker="o", label=method, linestyle="--" if method == "grpo" else "-")
+    steps, accs = curve(seeds, ACC)
+    ax.plot(steps, accs, marker="o", label=method, linestyle="--" if method == "grpo" else "-")
     if method == "grpo":  # the baseline on both panels
-      axes[1].plot(steps, values, marker="o", label=method, linestyle="--")
+      axes[1].plot(steps, accs, marker="o", label=method, linestyle="--")
   for ax, (title, teacher) in zip(axes, (("strong teacher (and GRPO)", "strong"),
                                          ("weak teacher (and GRPO)", "weak"))):
     ax.axhline(data["teachers"][teacher], color="k", linewidth=1, linestyle=":",
@@ -171,9 +161,9 @@ def plots(data: dict, out_dir: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for seed, run in tv.items():
       for ax, key in zip(axes, ("distill/tv_coef", "distill/tv_estimate")):
-        steps, values = zip(*_values(run["records"], key)) if _values(run["records"], key) else (
-          (), ())
-        ax.plot(steps, values, label=f"seed {seed}")
+        logged = values(run["records"], key)
+        steps, ys = zip(*logged) if logged else ((), ())
+        ax.plot(steps, ys, label=f"seed {seed}")
         ax.set_title(key)
         ax.set_xlabel("step")
     axes[0].legend(fontsize=7)

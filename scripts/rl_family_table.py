@@ -129,15 +129,7 @@ def side_table(rows: dict) -> str:
       diag.append(fmt(per_seed, 3) if per_seed else "")
     lines.append(f"| {row} | {len(seeds)} | {fmt(last)} | {fmt(gain, 1, 100, sign=True)} | " +
                  " | ".join(diag) + f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
-  lines += ["", "| question | difference, points (per seed) | mean ± std | seeds > 0 | "
-            "mean paired SE |", "|---|---|---|---|---|"]
-  for row, other, question in SIDE_QUESTIONS:
-    if row not in rows or other not in rows:
-      continue
-    diffs, ses = grid_report.paired_rows(rows, row, other)
-    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
-    lines.append(f"| {question} | {per_seed} | {fmt(diffs, 1, 100, sign=True)} | "
-                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {fmt(ses, 1, 100)} |")
+  lines += ["", *grid_report.question_lines(rows, SIDE_QUESTIONS)]
   return "\n".join(lines) + "\n"
 
 
@@ -172,15 +164,7 @@ def table(rows: dict) -> str:
       f"{fmt(vs, 1, 100, sign=True) + wins if vs else ''} | {fmt(auc)} | {reach_cell} | " +
       " | ".join(fmt(diag[k], 3) if diag[k] else "" for k, _ in DIAGNOSTICS) +
       f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
-  lines += ["", "| question | difference, points (per seed) | mean ± std | seeds > 0 | "
-            "mean paired SE |", "|---|---|---|---|---|"]
-  for row, other, question in QUESTIONS:
-    if row not in rows or other not in rows:
-      continue
-    diffs, ses = grid_report.paired_rows(rows, row, other)
-    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
-    lines.append(f"| {question} | {per_seed} | {fmt(diffs, 1, 100, sign=True)} | "
-                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {fmt(ses, 1, 100)} |")
+  lines += ["", *grid_report.question_lines(rows, QUESTIONS)]
   if retain:
     lines += ["", "Retention (trained on arithmetic only; countdown and format evaluated):", "",
               retention_table(retain)]

@@ -92,3 +92,19 @@ def curve(seeds: dict, key: str) -> tuple[list[int], list[float]]:
       by_step[step].append(value)
   steps = sorted(by_step)
   return steps, [float(np.mean(by_step[s])) for s in steps]
+
+
+def question_lines(rows: dict, questions) -> list[str]:
+  """A markdown table of `(row, other, question)` comparisons: `row` − `other` at the last
+  evaluation, paired over the same prompts, per seed, their mean ± std, the seeds > 0 and the
+  mean paired SE (points). Questions whose rows did not run are left out."""
+  lines = ["| question | difference, points (per seed) | mean ± std | seeds > 0 | "
+           "mean paired SE |", "|---|---|---|---|---|"]
+  for row, other, question in questions:
+    if row not in rows or other not in rows:
+      continue
+    diffs, ses = paired_rows(rows, row, other)
+    per_seed = " / ".join(f"{100 * d:+.1f}" for d in diffs)
+    lines.append(f"| {question} | {per_seed} | {fmt(diffs, 1, 100, sign=True)} | "
+                 f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {fmt(ses, 1, 100)} |")
+  return lines
