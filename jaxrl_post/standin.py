@@ -1,0 +1,149 @@
+"""Small local stand-ins for Hugging Face checkpoints, for running the real-model path offline.
+
+Nothing can be downloaded on a machine without network access, yet the path a user runs with
+`init_from="hf:Qwen/Qwen3-0.6B"` (Hub resolution, safetensors loading, the checkpoint's own
+tokenizer and chat template, export back to `transformers`) should be exercised end to end.
+`write_standin_checkpoint` writes a directory shaped like a Qwen3 repository on the Hub:
+
+  config.json, model.safetensors          a reduced-size Qwen3 with random weights (`save_hf`)
+  tokenizer.json, tokenizer_config.json   a byte-level BPE trained on a small maths corpus, with
+                                          Qwen's special tokens (`<|im_start|>`, `<|im_end|>`,
+                                          `<|endoftext|>`, `<think>`, `</think>`)
+  chat_template.jinja                     a ChatML template with Qwen3's features: an optional
+                                          system turn, the generation prompt, and the
+                                          `enable_thinking` switch (False writes an empty
+                                          `<think>` block after the generation prompt)
+  generation_config.json                  the end-of-turn ids (`<|im_end|>`, `<|endoftext|>`)
+
+`transformers` loads every file of it (`AutoModelForCausalLM`, `AutoTokenizer`), so tests can
+compare against it. `stage_in_hub_cache` then lays that directory out as the Hub client's
+cache, so that `huggingface_hub.snapshot_download(repo_id)` finds it with `HF_HUB_OFFLINE=1`.
+
+  path = write_standin_checkpoint(tmp / "qwen3_standin")
+  stage_in_hub_cache(path, "Qwen/Qwen3-0.6B", cache_dir=tmp / "hub")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+from flax import nnx
+
+from jaxrl_post.models import CausalLM, get_model_config
+from jaxrl_post.models.hf import save_hf
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+END_OF_TURN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+# ChatML with Qwen3's switches, written for this project: an optional system turn, user and
+# assistant turns, the assistant header when `add_generation_prompt`, and an empty thinking
+# block after it when `enable_thinking` is false (Qwen3's way of turning thinking off).
+QWEN3_STYLE_TEMPLATE = (
+  "{%- for message in messages %}"
+  "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+  "{{- raise_exception('unsupported role: ' + message['role']) }}"
+  "{%- endif %}"
+  "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+  "{%- endfor %}"
+  "{%- if add_generation_prompt %}"
+  "{{- '<|im_start|>assistant\\n' }}"
+  "{%- if enable_thinking is defined and enable_thinking is false %}"
+  "{{- '<think>\\n\\n</think>\\n\\n' }}"
+  "{%- endif %}"
+  "{%- endif %}"
+)
+
+
+def maths_corpus(lines: int = 400, seed: int = 0) -> list[str]:
+  """Synthetic word problems, worked solutions and boxed answers (what the BPE is trained on)."""
+  rng = random.Random(seed)
+  names = ["Ann", "Bob", "Chen", "Dana", "Eli", "Fay"]
+  things = ["apples", "books", "coins", "marbles", "pens", "cards"]
+  out = []
+  for _ in range(lines):
+    a, b = rng.randrange(2, 200), rng.randrange(2, 200)
+    who, what = rng.choice(names), rng.choice(things)
+    out.append(f"{who} has {a} {what} and buys {b} more. How many {what} does {who} have now?")
+    out.append(f"{who} has {a} + {b} = {a + b} {what}.\n#### {a + b}")
+    out.append(f"Compute $\\frac{{{a}}}{{{b}}} + {a}$. The answer is $\\boxed{{{a + b}}}$.")
+  out.append("Please reason step by step, and put your final answer within \\boxed{}.")
+  return out
+
+
+def _train_tokenizer(vocab_size: int, seed: int):
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tok.train_from_iterator(maths_corpus(seed=seed), trainer=trainer)
+  return tok
+
+
+def write_standin_checkpoint(path: str | os.PathLike, *, model: str = "qwen3_0p6b",
+                             num_layers: int = 2, embed_dim: int = 64, num_heads: int = 4,
+                             num_kv_heads: int = 2, head_dim: int = 16, mlp_dim: int = 128,
+                             vocab_size: int = 512, seed: int = 0) -> Path:
+  """Writes a Hub-shaped checkpoint directory of a reduced `model` preset; returns its path.
+
+  The architecture is the preset's (family, qk-norm, tied embeddings, RoPE) with the sizes
+  given here; the vocabulary is the trained tokenizer's (at most `vocab_size`; the model's
+  embedding has exactly that many rows, as `transformers` expects from `config.json`).
+  """
+  path = Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  tok = _train_tokenizer(vocab_size, seed)
+  tok.save(str(path / "tokenizer.json"))
+  ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+  (path / "tokenizer_config.json").write_text(json.dumps({
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "eos_token": END_OF_TURN,
+    "pad_token": PAD_TOKEN,
+    "bos_token": None,
+    "model_max_length": 4096,
+  }, indent=2))
+  (path / "chat_template.jinja").write_text(QWEN3_STYLE_TEMPLATE)
+  end_ids = [ids[END_OF_TURN], ids[PAD_TOKEN]]
+  (path / "generation_config.json").write_text(json.dumps({
+    "eos_token_id": end_ids, "pad_token_id": ids[PAD_TOKEN],
+    "do_sample": True, "temperature": 0.6, "top_p": 0.95,
+  }, indent=2))
+  config = get_model_config(
+    model, vocab_size=tok.get_vocab_size(), num_layers=num_layers, embed_dim=embed_dim,
+    num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, mlp_dim=mlp_dim,
+    bos_token_id=None, eos_token_ids=tuple(end_ids), pad_token_id=ids[PAD_TOKEN],
+    scan_layers=False)
+  save_hf(CausalLM(config, rngs=nnx.Rngs(seed)), path)
+  return path
+
+
+def stage_in_hub_cache(checkpoint: str | os.PathLike, repo_id: str, *,
+                       cache_dir: str | os.PathLike, repo_type: str = "model",
+                       revision: str = "main") -> Path:
+  """Copies `checkpoint`'s files into the Hub client's cache layout as `repo_id`@`revision`.
+
+  The layout is `huggingface_hub`'s (`<type>s--<org>--<name>/refs/<revision>` holding a commit
+  hash, `snapshots/<hash>/<files>`), so `snapshot_download(repo_id, cache_dir=cache_dir)` and
+  `hf_hub_download` return these files offline. Returns the snapshot directory.
+  """
+  folder = Path(cache_dir) / f"{repo_type}s--{repo_id.replace('/', '--')}"
+  commit = "0" * 40
+  snapshot = folder / "snapshots" / commit
+  snapshot.mkdir(parents=True, exist_ok=True)
+  (folder / "refs").mkdir(exist_ok=True)
+  (folder / "refs" / revision).write_text(commit)
+  source = Path(checkpoint)
+  for item in source.rglob("*"):
+    if item.is_file():
+      target = snapshot / item.relative_to(source)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copyfile(item, target)
+  return snapshot
