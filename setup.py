@@ -23,6 +23,10 @@ _RUNTIME = [
     "matplotlib",
     "jinja2",  # chat templates
     "pyarrow",  # parquet task files
+    "huggingface_hub",  # init_from="hf:<repo id>", GSM8K / MATH files from the Hub
+    "math-verify[antlr4_13_2]",  # MATH answers compared for mathematical equivalence
+    "pebble",  # verifier worker pool whose per-sample time limit kills a stuck worker
+    "etils[epath]",  # workdirs on gs:// and other non-local paths
 ]
 
 _TEST = [
