@@ -16,7 +16,9 @@ tokenizer and chat template, export back to `transformers`) should be exercised 
   generation_config.json                  the end-of-turn ids (`<|im_end|>`, `<|endoftext|>`)
 
 `transformers` loads every file of it (`AutoModelForCausalLM`, `AutoTokenizer`), so tests can
-compare against it. `stage_in_hub_cache` then lays that directory out as the Hub client's
+compare against it. `write_gsm8k_standin` writes word problems in the layout and columns of the
+Hub's `openai/gsm8k` files (`main/{train,test}-00000-of-00001.parquet`, `question`, `answer`
+ending in `#### <number>`). `stage_in_hub_cache` then lays that directory out as the Hub client's
 cache, so that `huggingface_hub.snapshot_download(repo_id)` finds it with `HF_HUB_OFFLINE=1`.
 
   path = write_standin_checkpoint(tmp / "qwen3_standin")
@@ -73,6 +75,38 @@ def maths_corpus(lines: int = 400, seed: int = 0) -> list[str]:
     out.append(f"Compute $\\frac{{{a}}}{{{b}}} + {a}$. The answer is $\\boxed{{{a + b}}}$.")
   out.append("Please reason step by step, and put your final answer within \\boxed{}.")
   return out
+
+
+def gsm8k_rows(count: int, seed: int = 0) -> list[dict[str, str]]:
+  """`count` GSM8K-shaped rows: a word problem and a worked solution ending in `#### <n>`."""
+  rng = random.Random(seed)
+  names = ["Ann", "Bob", "Chen", "Dana", "Eli", "Fay"]
+  things = ["apples", "books", "coins", "marbles", "pens", "cards"]
+  rows = []
+  for _ in range(count):
+    a, b = rng.randrange(2, 60), rng.randrange(2, 60)
+    who, what = rng.choice(names), rng.choice(things)
+    rows.append({
+      "question": f"{who} has {a} {what} and buys {b} more. How many {what} does {who} have?",
+      "answer": f"{who} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} {what}.\n#### {a + b}",
+    })
+  return rows
+
+
+def write_gsm8k_standin(directory: str | os.PathLike, *, train: int = 64, test: int = 16,
+                        seed: int = 0) -> dict[str, Path]:
+  """Writes GSM8K-shaped parquet files as the Hub lays them out; returns split → file."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  files = {}
+  for offset, (split, count) in enumerate((("train", train), ("test", test))):
+    rows = gsm8k_rows(count, seed=seed + 1000 * offset)
+    target = Path(directory) / "main" / f"{split}-00000-of-00001.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), target)
+    files[split] = target
+  return files
 
 
 def _train_tokenizer(vocab_size: int, seed: int):

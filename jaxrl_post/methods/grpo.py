@@ -92,16 +92,51 @@ def policy_objective(config, **loss_extra) -> PolicyObjective:
   return PolicyObjective(loss_fn, advantage_fn, names, weights)
 
 
+def train_examples(config, task) -> int:
+  """How many train records a run draws from: `config.num_train_examples`, checked against the
+  task's train split (0 = all of it).
+
+  Raises:
+    ValueError: naming `config.num_train_examples` when the split is smaller, or when it is 0
+      for a generated task, which has no size of its own.
+  """
+  requested, available = config.num_train_examples, task.num_examples("train")
+  if requested < 0:
+    raise ValueError(f"config.num_train_examples={requested} must be >= 0")
+  if available is None:
+    if requested == 0:
+      raise ValueError(f"config.num_train_examples=0 (all rows) needs a task with a fixed train "
+                       f"split; task {config.task!r} is generated: give a count")
+    return requested
+  if requested > available:
+    raise ValueError(f"config.num_train_examples={requested} but task {config.task!r} has "
+                     f"{available} train rows; use 0 for all of them")
+  return requested or available
+
+
 def task_loader(config, task, batch_size: int) -> task_data.ShardedLoader:
   """The train split of `task`, `batch_size` records per step in all, read in
-  `config.data_shards` logical shards of which this process reads its own."""
-  source = task_data.TaskSource(task, "train", config.num_train_examples)
+  `config.data_shards` logical shards of which this process reads its own.
+
+  `config.num_train_examples` of 0 takes every row of a task with a fixed train split (a
+  dataset file); a generated task needs a count.
+  """
+  source = task_data.TaskSource(task, "train", train_examples(config, task))
   return task_data.ShardedLoader(source, global_batch_size=batch_size,
                                  num_shards=config.data_shards, seed=config.seed)
 
 
 class TaskEvaluator:
-  """Held-out greedy accuracy, pass@k and sampled accuracy on `config.eval_examples` prompts.
+  """Held-out greedy accuracy, mean@n and unbiased pass@k on `config.eval_examples` prompts.
+
+  The metrics are `training.evaluation.evaluate`'s, the function experiments/evaluate.py calls
+  too, so a checkpoint scores the same in the run and offline: `eval/accuracy` (greedy),
+  `eval/format`, `eval/sample_accuracy` (mean@n), `eval/pass_at_{k}`, each with its standard
+  error over prompts (`…_se`), and `eval/verifier_errors` / `eval/verifier_timeouts`.
+
+  n, the sampled completions per prompt, is `pass_k` (the binaries pass `config.eval_pass_k`)
+  unless the optional `config.eval_samples` is set; the pass@k reported are `(n,)` (any of the
+  n correct) unless the optional `config.eval_pass_ks` lists other k ≤ n.
 
   Decodes with the sampler's layout of the parameters (`reshard_state`: in place when
   colocated, a copy when the sampler has devices of its own), and writes the per-prompt
@@ -117,16 +152,23 @@ class TaskEvaluator:
   def __init__(self, run: loop.Run, task, sampler: Sampler, *, max_new_tokens: int,
                pass_k: int, temperature: float = 1.0, timeout_s: float | None = None):
     self.run, self.task, self.sampler = run, task, sampler
-    n = run.config.eval_examples
+    config = run.config
+    n = config.eval_examples
     self.records = [task.make_example("test", i) for i in range(n)]
     self.extra = {}
-    for name, spec in (run.config.get("eval_tasks") or {}).items():
+    for name, spec in (config.get("eval_tasks") or {}).items():
       try:
         other = get_task(spec["task"], **dict(spec.get("task_knobs") or {}))
       except (KeyError, TypeError) as e:
         raise ValueError(f"config.eval_tasks.{name}: {e}") from None
       self.extra[name] = (other, [other.make_example("test", i) for i in range(n)])
-    self.max_new_tokens, self.pass_k = max_new_tokens, pass_k
+    self.max_new_tokens = max_new_tokens
+    self.pass_k = int(config.get("eval_samples") or pass_k)
+    pass_ks = config.get("eval_pass_ks") or None
+    self.pass_ks = None if pass_ks is None else tuple(int(k) for k in pass_ks)
+    if self.pass_ks and max(self.pass_ks) > self.pass_k:
+      raise ValueError(f"config.eval_pass_ks={list(self.pass_ks)} needs k <= n, the samples "
+                       f"per prompt (config.eval_samples or config.eval_pass_k): {self.pass_k}")
     self.temperature, self.timeout_s = temperature, timeout_s
 
   def sampler_params(self, params):
@@ -138,8 +180,8 @@ class TaskEvaluator:
     evaluation = evaluate(self.sampler, params, self.task, self.records,
                           max_new_tokens=self.max_new_tokens, k=self.pass_k,
                           temperature=self.temperature, rng=jax.random.key(step),
-                          timeout_s=self.timeout_s)
-    metrics = {f"eval/{k}": v for k, v in evaluation.metrics.items()}
+                          timeout_s=self.timeout_s, pass_ks=self.pass_ks)
+    metrics = {f"eval/{k}": v for k, v in evaluation.metrics.items() if k != "num_problems"}
     outcomes = {"greedy_correct": evaluation.greedy_correct,
                 "sample_correct": evaluation.sample_correct}
     for name, (task, records) in self.extra.items():
