@@ -12,7 +12,12 @@ and the ids of the pad / bos / eos tokens.
   library (no `transformers` import at runtime) and renders the checkpoint's Jinja chat
   template the way `transformers` does.
 
-`get_tokenizer(name_or_path)` picks one: `"char"` or a checkpoint directory.
+`get_tokenizer(name_or_path)` picks one: `"char"`, a checkpoint directory, or a Hub repository
+(`"hf:Qwen/Qwen3-0.6B"`, fetched by `hub.resolve_model_dir`).
+
+Generation stops at `end_ids`: the eos id plus, for a checkpoint, the end-of-turn ids of its
+`generation_config.json` (chat models end a turn with e.g. `<|im_end|>` while `eos_token` may
+be `<|endoftext|>`, or the other way round).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 # The named special tokens `transformers` passes to chat templates (its SPECIAL_TOKENS_ATTRIBUTES).
 _SPECIAL_TOKEN_KEYS = (
@@ -62,6 +68,9 @@ class Tokenizer(Protocol):
 
   @property
   def eos_id(self) -> int: ...
+
+  @property
+  def end_ids(self) -> tuple[int, ...]: ...
 
   def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
 
@@ -228,6 +237,11 @@ class CharTokenizer(_BatchEncodeMixin):
   def eos_id(self) -> int:
     return 2
 
+  @property
+  def end_ids(self) -> tuple[int, ...]:
+    """The ids that end a completion: the eos alone."""
+    return (self.eos_id,)
+
   def token_to_id(self, token: str) -> int:
     """The id of a special token or of one alphabet character."""
     idx = self._special_to_id.get(token, self._char_to_id.get(token))
@@ -300,6 +314,8 @@ class HFTokenizer(_BatchEncodeMixin):
     special_tokens: Mapping[str, str | None],
     chat_template: str | None = None,
     source: str = "<in memory>",
+    source_dir: str | os.PathLike[str] | None = None,
+    extra_end_ids: Sequence[int] = (),
   ):
     """Wraps a loaded tokenizer; most callers want `HFTokenizer.from_dir`.
 
@@ -309,12 +325,17 @@ class HFTokenizer(_BatchEncodeMixin):
         as strings; `eos_token` is required, `pad_token` defaults to it.
       chat_template: the Jinja chat template, if the checkpoint has one.
       source: where the tokenizer came from, for error messages.
+      source_dir: the directory the tokenizer files were read from (`from_dir` sets it).
+      extra_end_ids: ids besides the eos that end a completion (`end_ids`), e.g. the
+        `eos_token_id` list of `generation_config.json`.
 
     Raises:
-      ValueError: when there is no `eos_token`, or a special token is not in the vocabulary.
+      ValueError: when there is no `eos_token`, a special token is not in the vocabulary, or an
+        end id is outside it.
     """
     self._tok = tokenizer
     self._source = source
+    self._source_dir = None if source_dir is None else os.fspath(source_dir)
     self._chat_template = chat_template
     self._special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
     if "eos_token" not in self._special_tokens:
@@ -327,13 +348,22 @@ class HFTokenizer(_BatchEncodeMixin):
     self._bos_id = None if bos is None else self.token_to_id(bos)
     pad = self._special_tokens.get("pad_token")
     self._pad_id = self._eos_id if pad is None else self.token_to_id(pad)
+    end_ids = [self._eos_id]
+    for idx in extra_end_ids:
+      if not 0 <= int(idx) < self.vocab_size:
+        raise ValueError(f"end-of-turn id {idx} of the tokenizer at {source} is outside its "
+                         f"vocabulary [0, {self.vocab_size})")
+      if int(idx) not in end_ids:
+        end_ids.append(int(idx))
+    self._end_ids = tuple(end_ids)
 
   @classmethod
   def from_dir(cls, path: str | os.PathLike[str]) -> HFTokenizer:
     """Loads a tokenizer from a Hugging Face checkpoint directory.
 
     Reads `tokenizer.json` and, when present, `tokenizer_config.json`,
-    `special_tokens_map.json` and `chat_template.jinja`.
+    `special_tokens_map.json`, `chat_template.jinja` and `generation_config.json` (whose
+    `eos_token_id`, an int or a list, adds to `end_ids`).
 
     Special tokens come from `tokenizer_config.json`; `special_tokens_map.json` fills in the
     ones it lacks. The chat template comes from `chat_template.jinja` when that file exists (as
@@ -368,11 +398,14 @@ class HFTokenizer(_BatchEncodeMixin):
     elif config.get("chat_template") is not None:
       chat_template = _default_template(config["chat_template"], path)
 
+    generation = _read_json(os.path.join(path, GENERATION_CONFIG_FILE))
     return cls(
       tokenizers.Tokenizer.from_file(tokenizer_file),
       special_tokens=special_tokens,
       chat_template=chat_template,
       source=path,
+      source_dir=path,
+      extra_end_ids=_end_ids(generation.get("eos_token_id"), path),
     )
 
   @property
@@ -390,6 +423,20 @@ class HFTokenizer(_BatchEncodeMixin):
   @property
   def eos_id(self) -> int:
     return self._eos_id
+
+  @property
+  def end_ids(self) -> tuple[int, ...]:
+    """The ids that end a completion: the eos, then `generation_config.json`'s `eos_token_id`s.
+
+    A chat checkpoint ends an assistant turn with its end-of-turn token (Qwen: `<|im_end|>`),
+    which need not be its `eos_token`; sampling stops at any of these (`Sampler`'s default).
+    """
+    return self._end_ids
+
+  @property
+  def source_dir(self) -> str | None:
+    """The directory the tokenizer files were read from; None for one built in memory."""
+    return self._source_dir
 
   @property
   def special_tokens(self) -> dict[str, str]:
@@ -492,19 +539,26 @@ def get_tokenizer(name_or_path: str | os.PathLike[str]) -> Tokenizer:
   """Returns the tokenizer a config names.
 
   Args:
-    name_or_path: `"char"` for a `CharTokenizer` over printable ASCII, or a directory holding
-      a Hugging Face `tokenizer.json` for an `HFTokenizer`.
+    name_or_path: `"char"` for a `CharTokenizer` over printable ASCII; a directory holding a
+      Hugging Face `tokenizer.json`, or a Hub repository `"hf:<org>/<name>[@<revision>]"`
+      (only its configs and tokenizer files are fetched), for an `HFTokenizer`.
 
   Raises:
-    ValueError: for anything else, listing the valid choices.
+    ValueError: for anything else, listing the valid choices; a malformed Hub spec.
+    FileNotFoundError: a repository that cannot be fetched, or lacks `tokenizer.json`.
   """
+  from jaxrl_post import hub  # Deferred: `hub` reads this module's file names.
+
   if name_or_path == "char":
     return CharTokenizer()
+  if hub.is_hub_spec(name_or_path):
+    path = hub.resolve_model_dir(name_or_path, weights=False)
+    return HFTokenizer.from_dir(hub.require_tokenizer_files(path, source=name_or_path))
   if os.path.isdir(name_or_path):
     return HFTokenizer.from_dir(name_or_path)
   raise ValueError(
     f"unknown tokenizer {os.fspath(name_or_path)!r}; valid choices: 'char', or the path of an "
-    f"existing directory holding {TOKENIZER_FILE}"
+    f"existing directory holding {TOKENIZER_FILE}, or a Hub repository as 'hf:<org>/<name>'"
   )
 
 
@@ -522,6 +576,17 @@ def _read_json(path: str) -> dict[str, Any]:
     return {}
   with open(path, encoding="utf-8") as f:
     return json.load(f)
+
+
+def _end_ids(value: Any, path: str) -> list[int]:
+  """`generation_config.json`'s `eos_token_id`: absent, an int, or a list of ints."""
+  if value is None:
+    return []
+  values = value if isinstance(value, list) else [value]
+  if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    raise ValueError(f"'eos_token_id' in {os.path.join(path, GENERATION_CONFIG_FILE)} must be "
+                     f"an int or a list of ints, got {value!r}")
+  return values
 
 
 def _token_content(value: Any, key: str, path: str) -> str | None:

@@ -101,7 +101,8 @@ class Sampler:
     prompt_len_buckets, batch_buckets: static sizes prompts and prompt counts
       are padded up to (default: powers of two, from 16 prompt tokens and 1
       prompt).
-    eos_ids: ids that end a row (default: the tokenizer's eos, else the model
+    eos_ids: ids that end a row (default: the tokenizer's `end_ids` — its eos
+      plus a checkpoint's end-of-turn ids — else its eos, else the model
       config's `eos_token_ids`).
     pad_id: pad id (default: tokenizer's, else 0).
     mesh, rules: if given, the batch is sharded over the mesh axes that the
@@ -122,8 +123,13 @@ class Sampler:
     self.batch_buckets = tuple(sorted(batch_buckets or _power_of_two_buckets(1, max_batch)))
     self.truncate_prompts = truncate_prompts
     if eos_ids is None:
-      eos_ids = ([tokenizer.eos_id] if tokenizer is not None and tokenizer.eos_id is not None
-                 else list(model.config.eos_token_ids))
+      # A chat checkpoint's tokenizer also ends on its end-of-turn ids (`Tokenizer.end_ids`).
+      if tokenizer is not None and getattr(tokenizer, "end_ids", None):
+        eos_ids = list(tokenizer.end_ids)
+      elif tokenizer is not None and tokenizer.eos_id is not None:
+        eos_ids = [tokenizer.eos_id]
+      else:
+        eos_ids = list(model.config.eos_token_ids)
     self.eos_ids = tuple(int(i) for i in eos_ids)
     if pad_id is None:
       pad_id = tokenizer.pad_id if tokenizer is not None else (model.config.pad_token_id or 0)

@@ -6,8 +6,9 @@
 
 Registered tasks (`TASKS`): `"arith"` (multi-digit arithmetic with worked steps),
 `"countdown"` (reach a target with + - * /), `"format"` (short format-following replies),
-`"jsonl"` and `"parquet"` (GSM8K-style question / answer files), `"mixture"` (several of these
-as labelled domains, for multi-teacher distillation). Modules: `base` (interface,
+`"jsonl"` and `"parquet"` (GSM8K-style question / answer files), `"gsm8k"`, `"math"` and
+`"math500"` (the real datasets from the Hub or local files, `math_datasets`), `"mixture"`
+(several of these as labelled domains, for multi-teacher distillation). Modules: `base` (interface,
 record format, answer parsing), one module per task, `expressions` (the safe expression
 evaluator), `priors` (task-sampling priors over a pool: TrajVal's learnability prior, RAPO's
 risk buckets, CANOPY's signal-coverage group sizing) and `data` (tfds builder and grain loader;
@@ -17,7 +18,7 @@ referring queries, for the dense detector) and `point_clouds` (distorted point c
 hidden MOS, for quality rating).
 """
 
-from jaxrl_post.tasks import arithmetic, countdown, files, format_following
+from jaxrl_post.tasks import arithmetic, countdown, files, format_following, math_datasets
 from jaxrl_post.tasks import mixture as mixture  # registers "mixture"
 from jaxrl_post.tasks.arithmetic import ArithmeticTask
 from jaxrl_post.tasks.base import (
@@ -33,6 +34,7 @@ from jaxrl_post.tasks.base import (
 from jaxrl_post.tasks.countdown import CountdownTask
 from jaxrl_post.tasks.files import FileQATask, JsonlTask, ParquetTask
 from jaxrl_post.tasks.format_following import FormatFollowingTask
+from jaxrl_post.tasks.math_datasets import GSM8KTask, Math500Task, MathTask
 from jaxrl_post.tasks.priors import (
   TASK_PRIORS,
   bucket_probs,
@@ -57,7 +59,10 @@ __all__ = [
   "CountdownTask",
   "FileQATask",
   "FormatFollowingTask",
+  "GSM8KTask",
   "JsonlTask",
+  "Math500Task",
+  "MathTask",
   "ParquetTask",
   "Reward",
   "Task",
@@ -71,6 +76,7 @@ __all__ = [
   "final_answer",
   "format_following",
   "get_task",
+  "math_datasets",
   "min_group_size",
   "parse_meta",
   "risk_buckets",

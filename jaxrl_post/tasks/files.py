@@ -13,6 +13,8 @@ answer: numbers compare exactly as numbers (`1,000` = `1000.0` = `$1000`), other
 text up to case and runs of whitespace. `format` is 1 when such a line is there.
 
 Files are read once, when the task is built, so a missing file or field fails at start-up.
+The readers are public for other file-backed tasks (`math_datasets`): `read_records` (JSONL or
+parquet by extension, with the fields checked), `read_jsonl`, `read_parquet`, `file_sha256`.
 Text is kept as the file has it; characters outside the `CharTokenizer` alphabet (GSM8K has a
 few) need a tokenizer that covers them.
 """
@@ -23,12 +25,14 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from jaxrl_post.tasks import base
 
 QUESTION_PLACEHOLDER = "{question}"
+# File name extensions `read_records` knows, and the format of each.
+FILE_FORMATS = {".json": "jsonl", ".jsonl": "jsonl", ".parquet": "parquet"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +82,7 @@ class FileQATask(base.Task):
     return len(self._split_rows(split))
 
   def fingerprint(self) -> dict[str, Any]:
-    digests = {split: _sha256(path) for split, path in sorted(self._paths.items())}
+    digests = {split: file_sha256(path) for split, path in sorted(self._paths.items())}
     return {**super().fingerprint(), "file_sha256": digests}
 
   def make_example(self, split: str, index: int) -> dict[str, Any]:
@@ -116,13 +120,7 @@ class FileQATask(base.Task):
     fields = (self.question_field, self.answer_field)
     rows = []
     for where, record in records:
-      if not isinstance(record, Mapping):
-        raise ValueError(f"{where}: expected an object with fields {list(fields)}, got "
-                         f"{type(record).__name__}")
-      for field in fields:
-        if field not in record:
-          raise ValueError(f"{where}: missing field {field!r}; fields present: "
-                           f"{sorted(record)}")
+      require_fields(where, record, fields)
       question, answer = record[self.question_field], record[self.answer_field]
       if not isinstance(question, str):
         raise ValueError(f"{where}: field {self.question_field!r} must be a string, got "
@@ -148,17 +146,7 @@ class JsonlTask(FileQATask):
   file_format = "jsonl"
 
   def _read_records(self, path: str) -> list[tuple[str, Any]]:
-    records = []
-    with open(path, encoding="utf-8") as f:
-      for line_number, line in enumerate(f, start=1):
-        if not line.strip():
-          continue
-        where = f"{path} line {line_number}"
-        try:
-          records.append((where, json.loads(line)))
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{where}: not valid JSON ({e})") from None
-    return records
+    return read_jsonl(path)
 
 
 @base.TASKS.register("parquet")
@@ -170,14 +158,7 @@ class ParquetTask(FileQATask):
   file_format = "parquet"
 
   def _read_records(self, path: str) -> list[tuple[str, Any]]:
-    import pyarrow.parquet as pq  # Deferred: only parquet users need pyarrow.
-
-    columns = pq.read_schema(path).names
-    for field in (self.question_field, self.answer_field):
-      if field not in columns:
-        raise ValueError(f"{path}: missing column {field!r}; columns present: {sorted(columns)}")
-    table = pq.read_table(path, columns=[self.question_field, self.answer_field])
-    return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
+    return read_parquet(path, [self.question_field, self.answer_field])
 
 
 def _answer_and_demonstration(answer_text: str) -> tuple[str, str]:
@@ -197,7 +178,82 @@ def _normalize_text(text: str) -> str:
   return " ".join(text.split()).casefold()
 
 
-def _sha256(path: str) -> str:
+def read_jsonl(path: str) -> list[tuple[str, Any]]:
+  """The objects of a JSON-lines file as `(where, object)` pairs; blank lines are skipped.
+
+  `where` (`"<path> line <n>"`) locates the object for error messages.
+  """
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for line_number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      where = f"{path} line {line_number}"
+      try:
+        records.append((where, json.loads(line)))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e})") from None
+  return records
+
+
+def read_parquet(path: str, columns: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+  """The rows of a parquet file, restricted to `columns`, as `(where, row)` pairs.
+
+  Raises:
+    ValueError: naming the file and the first missing column, and listing the columns present.
+  """
+  import pyarrow.parquet as pq  # Deferred: only parquet users need pyarrow.
+
+  present = pq.read_schema(path).names
+  for column in columns:
+    if column not in present:
+      raise ValueError(f"{path}: missing column {column!r}; columns present: {sorted(present)}")
+  table = pq.read_table(path, columns=list(columns))
+  return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
+
+
+def file_format_of(path: str) -> str:
+  """`"jsonl"` or `"parquet"`, from the file name's extension (`.jsonl` / `.json`, `.parquet`)."""
+  extension = os.path.splitext(os.fspath(path))[1].lower()
+  try:
+    return FILE_FORMATS[extension]
+  except KeyError:
+    raise ValueError(f"{path}: unknown file type {extension!r}; expected one of "
+                     f"{', '.join(sorted(FILE_FORMATS))}") from None
+
+
+def read_records(path: str, fields: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+  """The records of a JSONL or parquet file (by extension), each checked to hold `fields`.
+
+  Returns `(where, record)` pairs; parquet rows hold only `fields`, JSONL objects all theirs.
+
+  Raises:
+    FileNotFoundError: naming the file.
+    ValueError: naming the file (and line) and the missing field, listing those present.
+  """
+  file_format = file_format_of(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{file_format} file not found: {path}")
+  if file_format == "parquet":
+    return read_parquet(path, fields)
+  records = read_jsonl(path)
+  for where, record in records:
+    require_fields(where, record, fields)
+  return records
+
+
+def require_fields(where: str, record: Any, fields: Sequence[str]) -> None:
+  """Raises a `ValueError` at `where` unless `record` is a mapping holding every one of `fields`."""
+  if not isinstance(record, Mapping):
+    raise ValueError(f"{where}: expected an object with fields {list(fields)}, got "
+                     f"{type(record).__name__}")
+  for field in fields:
+    if field not in record:
+      raise ValueError(f"{where}: missing field {field!r}; fields present: {sorted(record)}")
+
+
+def file_sha256(path: str) -> str:
+  """The SHA-256 of a file's bytes, as hex: what keys stored datasets to a file's content."""
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     for chunk in iter(lambda: f.read(1 << 20), b""):

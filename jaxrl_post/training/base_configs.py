@@ -76,12 +76,30 @@ def loop_config(seed: int = 0) -> ml_collections.ConfigDict:
   # Devices and sharding rules, one override each (`--config.mesh.ici_tensor=2`,
   # `--config.mesh.sampler_devices=4`); by default every device is on `fsdp`.
   config.mesh = mesh_config()
+  # Where metrics go besides metrics.jsonl (always written), comma-separated:
+  # jsonl, tensorboard, wandb (`pip install wandb`; project `wandb_project`), clu
+  # (`pip install clu`); `training.metrics`. `--config.metric_writers=jsonl,tensorboard,wandb`.
+  config.metric_writers = "jsonl,tensorboard"
+  config.wandb_project = "jaxrl_post"
+  # Profiler trace of steps "first,last" into workdir/profile ('' = off), process 0 only
+  # unless `profile_all_processes`; `training.profiling`. `--config.profile_steps=10,12`.
+  config.profile_steps = ""
+  config.profile_all_processes = False
   return config
 
 
 def _common(seed: int = 0) -> ml_collections.ConfigDict:
   config = loop_config(seed)
+  # "char"; a Hugging Face tokenizer directory; a Hub repository "hf:<org>/<name>[@<revision>]";
+  # or "init_from": the tokenizer files of the `init_from` checkpoint (`setup.build_tokenizer`).
+  # `init_from` also takes "hf:<org>/<name>[@<revision>]" (fetched once into the Hub cache).
   config.tokenizer = "char"
+  # Render each record's prompt with the tokenizer's chat template (`tasks.chat.ChatTask`): an
+  # optional system turn, the task prompt as the user turn, then the assistant's header.
+  config.chat_template = False
+  config.system_prompt = ""  # "" = no system turn
+  # Extra template variables, e.g. Qwen3's thinking switch (False: an empty <think> block).
+  config.chat_template_kwargs = ml_collections.ConfigDict(dict(enable_thinking=False))
   config.model = "small"
   config.model_overrides = ml_collections.ConfigDict()
   precision_config(config)

@@ -17,12 +17,13 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_post import tokenizers
+from jaxrl_post import hub, tokenizers
 from jaxrl_post.models import CausalLM, get_model_config, subspace
 from jaxrl_post.models.hf import load_hf
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import init_sharded
 from jaxrl_post.tasks.base import get_task
+from jaxrl_post.tasks.chat import ChatTask
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, resolve_start
 from jaxrl_post.training.train_state import TrainState
 
@@ -61,18 +62,80 @@ def enable_compilation_cache(path: str, max_bytes: int = COMPILATION_CACHE_MAX_B
   jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
 
 
-def build_task(config):
+def build_task(config, tokenizer=None):
+  """`config.task` with `config.task_knobs`; with `config.chat_template` its prompts rendered
+  by the tokenizer's chat template (`tasks.chat.ChatTask`, with `config.system_prompt` and
+  `config.chat_template_kwargs`).
+
+  `tokenizer` is the run's tokenizer; None builds it from `config.tokenizer` when the template
+  needs it (callers that already have one pass it).
+
+  Raises:
+    ValueError: naming `config.task` / `config.task_knobs`, or `config.chat_template` and the
+      tokenizer's directory when there is no template or it does not render.
+  """
   try:
-    return get_task(config.task, **dict(config.get("task_knobs", {})))
+    task = get_task(config.task, **dict(config.get("task_knobs", {})))
   except (KeyError, TypeError) as e:
     raise ValueError(f"config.task / config.task_knobs: {e}") from None
+  if not config.get("chat_template", False):
+    return task
+  if tokenizer is None:
+    tokenizer = build_tokenizer(config)
+  kwargs = config.get("chat_template_kwargs") or {}
+  kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs)
+  try:
+    return ChatTask(task, tokenizer, system_prompt=config.get("system_prompt", ""),
+                    template_kwargs=kwargs)
+  except ValueError as e:
+    raise ValueError(f"config.chat_template=True with config.tokenizer={config.tokenizer!r}: "
+                     f"{e}") from None
+
+
+# The `config.tokenizer` value that means "the tokenizer files of the `config.init_from`
+# checkpoint" (a Hub repository or a Hugging Face directory), so a run names its model once.
+TOKENIZER_OF_INIT_FROM = "init_from"
 
 
 def build_tokenizer(config):
+  """The tokenizer `config.tokenizer` names (see `tokenizers.get_tokenizer`), or for
+  `TOKENIZER_OF_INIT_FROM` the one of the `config.init_from` checkpoint.
+
+  Raises:
+    ValueError / FileNotFoundError: naming `config.tokenizer` (and `config.init_from`), e.g. an
+      `init_from` checkpoint without `tokenizer.json`, listing the files expected.
+  """
+  name = config.tokenizer
   try:
-    return tokenizers.get_tokenizer(config.tokenizer)
+    if name == TOKENIZER_OF_INIT_FROM:
+      return tokenizers.HFTokenizer.from_dir(init_from_tokenizer_dir(config))
+    return tokenizers.get_tokenizer(name)
   except (KeyError, ValueError) as e:
-    raise ValueError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
+    raise ValueError(f"config.tokenizer={name!r}: {e}") from None
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"config.tokenizer={name!r}: {e}") from None
+
+
+def init_from_tokenizer_dir(config) -> Path:
+  """The directory of `config.init_from`'s tokenizer files (a Hub spec is resolved first).
+
+  Raises:
+    ValueError: `config.init_from` is empty.
+    FileNotFoundError: it cannot be resolved, or lacks `tokenizer.json` (naming the directory
+      and the tokenizer files expected).
+  """
+  init_from = config.get("init_from") or ""
+  if not init_from:
+    raise ValueError(
+      f"{TOKENIZER_OF_INIT_FROM!r} means the tokenizer of config.init_from, which is empty: set "
+      "config.init_from to a Hugging Face checkpoint ('hf:<org>/<name>' or a directory) or "
+      "config.tokenizer to 'char', a tokenizer directory or 'hf:<org>/<name>'")
+  source = f"config.init_from={init_from!r}"
+  try:
+    path = hub.resolve_model_dir(init_from, weights=False)
+  except (ValueError, FileNotFoundError) as e:
+    raise type(e)(f"{source}: {e}") from None
+  return hub.require_tokenizer_files(path, source=source)
 
 
 # The dtype names `config.param_dtype` / `config.dtype` accept.
@@ -250,10 +313,20 @@ def checkpoint_dir(workdir: str) -> Path:
 
 
 def start_point(config, workdir: str, *, ignore_workdir: bool = False) -> StartPoint:
-  """The resume policy for this run; `ignore_workdir` gives where the run first started."""
+  """The resume policy for this run; `ignore_workdir` gives where the run first started.
+
+  A Hub `config.init_from` ("hf:<org>/<name>[@<revision>]") is resolved to its snapshot in the
+  Hub cache first (`hub.resolve_model_dir`: downloaded once, then read from the cache, so a
+  resumed run needs no network and gets the same weights).
+  """
   own = Path("/nonexistent") if ignore_workdir else checkpoint_dir(workdir)
-  return resolve_start(own, resume=config.get("resume") or None,
-                       init_from=config.get("init_from") or None)
+  init_from = config.get("init_from") or None
+  if init_from is not None and hub.is_hub_spec(init_from):
+    try:
+      init_from = str(hub.resolve_model_dir(init_from))
+    except (ValueError, FileNotFoundError) as e:
+      raise type(e)(f"config.init_from={config.init_from!r}: {e}") from None
+  return resolve_start(own, resume=config.get("resume") or None, init_from=init_from)
 
 
 def host_metrics(metrics) -> dict[str, float]:
@@ -270,8 +343,8 @@ def build_run(config, workdir: str, mesh: Mesh | None = None, rules: Rules = DEF
   references), not a random initialisation that the workdir's checkpoint then overwrites.
   The returned start point is the one the run resumes from.
   """
-  task = build_task(config)
   tokenizer = build_tokenizer(config)
+  task = build_task(config, tokenizer)
   start = start_point(config, workdir)
   first = start_point(config, workdir, ignore_workdir=True)
   return task, tokenizer, start, build_model(config, tokenizer, first, mesh, rules)

@@ -103,7 +103,7 @@ def test_parse_integer_and_number():
 def test_registry_and_get_task_errors():
   assert {'arith', 'countdown', 'format', 'jsonl', 'mixture', 'parquet'} <= set(TASKS.names())
   with pytest.raises(KeyError,
-                     match="valid names: .*arith, countdown, format, jsonl, mixture, parquet"):
+                     match="valid names: .*arith, countdown, format, .*jsonl, .*parquet"):
     get_task("arithmetic")
   with pytest.raises(TypeError, match=r"no knob\(s\) \['digits'\]; valid knobs: seed, min_digits"):
     get_task("arith", digits=3)
