@@ -13,8 +13,11 @@ that `scripts/aot_compile.py --config=configs/grpo_gsm8k.py:model=...,mesh=...` 
 each pair are in docs/benchmarks.md ("The GSM8K / MATH recipe"). Every run option can be
 overridden on the command line (`--config.num_micro_batches=8`).
 
+`data_dir=DIR` reads the dataset from a local copy of its Hub repository (same layout;
+`hf download --repo-type dataset openai/gsm8k --local-dir DIR`) instead of the Hub.
+
 `runlocal` runs the same path on a local stand-in (`jaxrl_post.standin`): pass its directory
-as `--config.init_from` and the dataset files through `--config.task_knobs.path`.
+as `--config.init_from` and the dataset's as `data_dir`.
 """
 
 from jaxrl_post.parallel.mesh import mesh_config
@@ -46,7 +49,8 @@ MICRO_BATCHES = {
 
 def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
                   max_new_tokens: int, eval_tasks: dict | None = None):
-  """GRPO on a maths task from a Qwen3 checkpoint; `arg` holds model, mesh, loss, runlocal.
+  """GRPO on a maths task from a Qwen3 checkpoint; `arg` holds model, mesh, loss, data_dir,
+  runlocal.
 
   Settings follow common open GRPO recipes for Qwen3 on maths (DAPO-style clipping
   0.2 / 0.28, β = 0, token-mean loss, learning rate 1e-6 with AdamW, 8 samples per prompt,
@@ -60,6 +64,8 @@ def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
   config = base_configs.grpo_base(arg.loss)
   config.task = task
   config.task_knobs = dict(task_knobs)
+  if arg.data_dir:
+    config.task_knobs.local_dir = arg.data_dir
   config.model = arg.model  # the preset of the same shape (aot_compile.py, tests)
   config.init_from = f"hf:{HUB_REPOS[arg.model]}"
   config.tokenizer = "init_from"  # the checkpoint's own tokenizer and chat template

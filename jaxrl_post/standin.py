@@ -18,8 +18,11 @@ tokenizer and chat template, export back to `transformers`) should be exercised 
 `transformers` loads every file of it (`AutoModelForCausalLM`, `AutoTokenizer`), so tests can
 compare against it. `write_gsm8k_standin` writes word problems in the layout and columns of the
 Hub's `openai/gsm8k` files (`main/{train,test}-00000-of-00001.parquet`, `question`, `answer`
-ending in `#### <number>`). `stage_in_hub_cache` then lays that directory out as the Hub client's
-cache, so that `huggingface_hub.snapshot_download(repo_id)` finds it with `HF_HUB_OFFLINE=1`.
+ending in `#### <number>`), and `write_math_standin` problems in the layout and columns of
+`DigitalLearningGmbH/MATH-lighteval` (`data/{train,test}-00000-of-00001.parquet`, `problem`,
+`level`, `solution` with a `\\boxed{}` answer, `type`). `stage_in_hub_cache` then lays such a
+directory out as the Hub client's cache, so that `huggingface_hub.snapshot_download(repo_id)`
+finds it with `HF_HUB_OFFLINE=1`.
 
   path = write_standin_checkpoint(tmp / "qwen3_standin")
   stage_in_hub_cache(path, "Qwen/Qwen3-0.6B", cache_dir=tmp / "hub")
@@ -96,17 +99,46 @@ def gsm8k_rows(count: int, seed: int = 0) -> list[dict[str, str]]:
 def write_gsm8k_standin(directory: str | os.PathLike, *, train: int = 64, test: int = 16,
                         seed: int = 0) -> dict[str, Path]:
   """Writes GSM8K-shaped parquet files as the Hub lays them out; returns split → file."""
+  return _write_parquet_splits(directory, "main", gsm8k_rows, train, test, seed)
+
+
+def math_rows(count: int, seed: int = 0) -> list[dict[str, str]]:
+  """`count` MATH-shaped rows: fraction sums whose solutions box the reduced answer."""
+  from fractions import Fraction
+
+  rng = random.Random(seed)
+  rows = []
+  for _ in range(count):
+    a, b, c, d = (rng.randrange(1, 10) for _ in range(4))
+    total = Fraction(a, b) + Fraction(c, d)
+    answer = (str(total.numerator) if total.denominator == 1
+              else f"\\frac{{{total.numerator}}}{{{total.denominator}}}")
+    rows.append({
+      "problem": f"Compute $\\frac{{{a}}}{{{b}}} + \\frac{{{c}}}{{{d}}}$.",
+      "level": f"Level {rng.randrange(1, 6)}",
+      "solution": f"Over a common denominator the sum is $\\boxed{{{answer}}}$.",
+      "type": "Prealgebra",
+    })
+  return rows
+
+
+def _write_parquet_splits(directory, folder, make_rows, train, test, seed) -> dict[str, Path]:
   import pyarrow as pa
   import pyarrow.parquet as pq
 
   files = {}
   for offset, (split, count) in enumerate((("train", train), ("test", test))):
-    rows = gsm8k_rows(count, seed=seed + 1000 * offset)
-    target = Path(directory) / "main" / f"{split}-00000-of-00001.parquet"
+    target = Path(directory) / folder / f"{split}-00000-of-00001.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), target)
+    pq.write_table(pa.Table.from_pylist(make_rows(count, seed=seed + 1000 * offset)), target)
     files[split] = target
   return files
+
+
+def write_math_standin(directory: str | os.PathLike, *, train: int = 64, test: int = 16,
+                       seed: int = 0) -> dict[str, Path]:
+  """Writes MATH-shaped parquet files as `MATH-lighteval` lays them out; returns split → file."""
+  return _write_parquet_splits(directory, "data", math_rows, train, test, seed)
 
 
 def _train_tokenizer(vocab_size: int, seed: int):

@@ -125,6 +125,9 @@ class HubMathTask(base.Task):
     files: split name to file in the repository; the task's splits are its keys.
     path: local files replacing the Hub: a mapping from split to a `.jsonl` / `.parquet` file,
       or one file for a task with a single split. The splits are then the mapping's keys.
+    local_dir: a local copy of the repository, laid out as on the Hub (what
+      `hf download --repo-type dataset <repo_id> --local-dir DIR` writes): each split is read
+      from `local_dir/files[split]`. Used instead of the Hub; `path` wins over it.
     cache_dir: the Hub cache (default `HF_HUB_CACHE`, else huggingface_hub's default).
     instruction: appended to every question on its own line ("" for none).
     verify_timeout_s: `math_verify`'s own time limit, in whole seconds, when `reward` is called
@@ -138,6 +141,7 @@ class HubMathTask(base.Task):
   revision: str = "main"
   files: Mapping[str, str] = dataclasses.field(default_factory=dict)
   path: str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]] | None = None
+  local_dir: str | None = None
   cache_dir: str | None = None
   instruction: str = DEFAULT_INSTRUCTION
   verify_timeout_s: int = 5
@@ -148,6 +152,9 @@ class HubMathTask(base.Task):
 
   def __post_init__(self):
     object.__setattr__(self, "files", dict(self.files))
+    if self.path is None and self.local_dir:
+      object.__setattr__(self, "path", {split: os.path.join(os.fspath(self.local_dir), f)
+                                        for split, f in self.files.items()})
     if self.path is not None:
       object.__setattr__(self, "path", self._local_paths(self.path))
     sources = self._locate()

@@ -149,8 +149,11 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   # Optimizer updates per epoch: the rollouts of a step are shuffled and split
   # into this many mini-batches (each of them then into `num_micro_batches`).
   config.ppo_mini_batches = 1
-  # A verifier call that runs longer than this counts as a missing reward.
+  # A verifier call that runs longer than this counts as a missing reward (in process) or a
+  # wrong one (a task that verifies in the worker pool: MATH; `rewards.verifiers`).
   config.reward_timeout_s = 10.0
+  # Worker processes of that pool (0: min(4, CPUs)); started only for such a task.
+  config.reward_workers = 0
   config.num_micro_batches = 2
   # The frozen passes (old policy, reference) score the step's rollouts in this
   # many micro-batches, so their memory is one micro-batch's, not the step's.

@@ -22,6 +22,8 @@ from jaxrl_post.models import CausalLM, get_model_config, subspace
 from jaxrl_post.models.hf import load_hf
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.parallel.mesh import init_sharded
+from jaxrl_post.rewards.math_answers import shared_pool
+from jaxrl_post.rewards.verifiers import pooled_verifier
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tasks.chat import ChatTask
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, resolve_start
@@ -345,6 +347,8 @@ def build_run(config, workdir: str, mesh: Mesh | None = None, rules: Rules = DEF
   """
   tokenizer = build_tokenizer(config)
   task = build_task(config, tokenizer)
+  if pooled_verifier(task) is not None:  # Start the verifier workers now, at their set size.
+    shared_pool(config.get("reward_workers") or None)
   start = start_point(config, workdir)
   first = start_point(config, workdir, ignore_workdir=True)
   return task, tokenizer, start, build_model(config, tokenizer, first, mesh, rules)

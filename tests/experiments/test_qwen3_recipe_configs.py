@@ -1,0 +1,60 @@
+"""configs/grpo_gsm8k.py and configs/grpo_math.py: every model × mesh builds a valid config,
+and `aot_compile.py --config` reads the sizes its binary would compile."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from jaxrl_post.config_args import load_module
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("qwen3_0p6b", "qwen3_1p7b", "qwen3_4b", "qwen3_8b")
+MESHES = {"gpu8": 8, "v5p8": 4, "v5e16": 16}
+
+
+def _config(name, arg):
+  return load_module(ROOT / "configs" / f"{name}.py").get_config(arg)
+
+
+def _aot():
+  spec = importlib.util.spec_from_file_location("aot_compile", ROOT / "scripts" / "aot_compile.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("name", ["grpo_gsm8k", "grpo_math"])
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_every_model_and_mesh_divides(name, model, mesh):
+  config = _config(name, f"model={model},mesh={mesh}")
+  assert config.init_from == "hf:Qwen/Qwen3-" + {"qwen3_0p6b": "0.6B", "qwen3_1p7b": "1.7B",
+                                                 "qwen3_4b": "4B", "qwen3_8b": "8B"}[model]
+  assert config.tokenizer == "init_from" and config.chat_template
+  assert config.mesh.ici_fsdp == MESHES[mesh]
+  rollouts = config.prompts_per_step * config.group_size
+  rows = rollouts // config.ppo_mini_batches
+  assert rollouts % config.ppo_mini_batches == 0
+  # Each micro-batch gives every device at least one row.
+  assert rows % config.num_micro_batches == 0
+  assert rows // config.num_micro_batches >= MESHES[mesh]
+
+
+def test_aot_flags_from_config():
+  flags = _aot().flags_from_config(_config("grpo_gsm8k", "model=qwen3_8b,mesh=gpu8"))
+  assert flags["model"] == "qwen3_8b" and flags["num_cpu_devices"] == 8
+  assert flags["batch"] == 128 and flags["sample_batch"] == 256
+  assert flags["prompt_len"] == 256 and flags["completion_len"] == 1024
+  assert flags["ici"] == "data=1,fsdp=8,tensor=1"
+  assert flags["param_dtype"] == "bfloat16" and flags["moments_dtype"] == "float32"
+
+
+def test_data_dir_and_bad_args():
+  config = _config("grpo_math", "runlocal,data_dir=/data/math")
+  assert config.task_knobs.local_dir == "/data/math" and config.init_from == ""
+  assert "eval_tasks" not in config
+  with pytest.raises(ValueError, match="model='qwen3_70b'.*qwen3_0p6b"):
+    _config("grpo_gsm8k", "model=qwen3_70b")
+  with pytest.raises(ValueError, match="mesh='tpu'.*gpu8"):
+    _config("grpo_gsm8k", "mesh=tpu")
