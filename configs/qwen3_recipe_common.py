@@ -5,7 +5,7 @@ The config argument picks the model and the hardware:
   model=qwen3_0p6b | qwen3_1p7b | qwen3_4b | qwen3_8b   (starts from hf:Qwen/Qwen3-<size>)
   mesh=gpu8   one node of 8 GPUs (80 GB H100 class):   fsdp=8
        v5p8   a TPU v5p-8 slice (4 chips, 95 GB each): fsdp=4
-       v5e16  a TPU v5e-16 slice (16 chips, 16 GB each): fsdp=16
+       v5e16  a TPU v5e-16 slice (16 chips, 16 GB each): fsdp=4 × tensor=4
        auto   every visible device on fsdp (what a laptop or one GPU gets)
 
 Rows per update, micro-batches and the sampler's batch come from `SIZES`; the bytes per device
@@ -30,20 +30,22 @@ HUB_REPOS = {
   "qwen3_8b": "Qwen/Qwen3-8B",
 }
 
-# mesh name → (fsdp size (-1: every device), the sampler's rule table). The sampler shares the
-# trainer's devices; "tensor" rules on a mesh without a tensor axis give each device a whole
-# copy of the weights to decode with (fast, and it fits on 80–95 GB devices up to 8B), while
-# "fsdp_tensor" keeps them sharded (what 16 GB v5e chips need).
-MESHES = {"gpu8": (8, "tensor"), "v5p8": (4, "tensor"), "v5e16": (16, "fsdp_tensor"),
-          "auto": (-1, "tensor")}
+# mesh name → (trainer / sampler mesh sizes, the sampler's rule table). The sampler shares the
+# trainer's devices. On 80–95 GB devices the mesh is all FSDP and the sampler's "tensor" rules
+# (no tensor axis there) give each device a whole copy of the weights to decode with: fast, and
+# it fits up to 8B. 16 GB v5e chips cannot hold that copy: 4-way tensor parallelism shards
+# the weights and the KV cache's heads for both roles (the update's rules shard over fsdp and
+# tensor), 4-way FSDP the rest.
+MESHES = {"gpu8": ({"fsdp": 8}, "tensor"), "v5p8": ({"fsdp": 4}, "tensor"),
+          "v5e16": ({"fsdp": 4, "tensor": 4}, "tensor"), "auto": ({"fsdp": -1}, "tensor")}
 
-# Gradient-accumulation steps per model and mesh: one micro-batch holds 1–4 rows per device
-# (checked with aot_compile.py; docs/benchmarks.md).
+# Gradient-accumulation steps per model and mesh: one micro-batch holds 1–4 rows per batch
+# shard (checked with aot_compile.py; docs/benchmarks.md).
 MICRO_BATCHES = {
-  "qwen3_0p6b": {"gpu8": 2, "v5p8": 2, "v5e16": 1, "auto": 8},
-  "qwen3_1p7b": {"gpu8": 4, "v5p8": 4, "v5e16": 2, "auto": 16},
-  "qwen3_4b": {"gpu8": 8, "v5p8": 8, "v5e16": 4, "auto": 32},
-  "qwen3_8b": {"gpu8": 16, "v5p8": 16, "v5e16": 8, "auto": 64},
+  "qwen3_0p6b": {"gpu8": 2, "v5p8": 2, "v5e16": 4, "auto": 8},
+  "qwen3_1p7b": {"gpu8": 4, "v5p8": 4, "v5e16": 8, "auto": 16},
+  "qwen3_4b": {"gpu8": 8, "v5p8": 8, "v5e16": 16, "auto": 32},
+  "qwen3_8b": {"gpu8": 16, "v5p8": 16, "v5e16": 32, "auto": 64},
 }
 
 
@@ -90,13 +92,15 @@ def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
   config.eval_every = 25
   config.eval_examples = 256
   config.eval_pass_k = 4
+  config.eval_pass_ks = (1, 4)
+  config.eval_rows_per_call = 256  # the rollout batch's size: its KV cache is known to fit
   config.checkpoint_every = 25
   config.keep_checkpoints = 3
   config.num_train_examples = 0  # every row of the train split
   if eval_tasks:
     config.eval_tasks = eval_tasks
-  fsdp, sample_rules = MESHES[arg.mesh]
-  config.mesh = mesh_config(ici={"fsdp": fsdp}, sample_rules=sample_rules)
+  ici, sample_rules = MESHES[arg.mesh]
+  config.mesh = mesh_config(ici=ici, sample_rules=sample_rules)
   if arg.runlocal:
     shrink_for_runlocal(config)
   return config
@@ -119,6 +123,8 @@ def shrink_for_runlocal(config) -> None:
   config.eval_every = 2
   config.eval_examples = 2
   config.eval_pass_k = 2
+  config.eval_pass_ks = (1, 2)
+  config.eval_rows_per_call = 4  # exercises the chunked evaluation
   config.checkpoint_every = 2
   config.optimizer.warmup_steps = 0
   config.optimizer.lr = 1e-4

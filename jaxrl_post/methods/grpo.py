@@ -126,6 +126,15 @@ def task_loader(config, task, batch_size: int) -> task_data.ShardedLoader:
                                  num_shards=config.data_shards, seed=config.seed)
 
 
+def _test_records(task, count: int, key: str) -> list[dict]:
+  """The first `count` records of `task`'s test split, checked against a fixed split's size."""
+  available = task.num_examples("test")
+  if available is not None and count > available:
+    raise ValueError(f"config.eval_examples={count} but {key} ({getattr(task, 'name', task)!r}) "
+                     f"has {available} test examples")
+  return [task.make_example("test", i) for i in range(count)]
+
+
 class TaskEvaluator:
   """Held-out greedy accuracy, mean@n and unbiased pass@k on `config.eval_examples` prompts.
 
@@ -154,14 +163,17 @@ class TaskEvaluator:
     self.run, self.task, self.sampler = run, task, sampler
     config = run.config
     n = config.eval_examples
-    self.records = [task.make_example("test", i) for i in range(n)]
+    self.records = _test_records(task, n, "config.task")
     self.extra = {}
     for name, spec in (config.get("eval_tasks") or {}).items():
       try:
         other = get_task(spec["task"], **dict(spec.get("task_knobs") or {}))
       except (KeyError, TypeError) as e:
         raise ValueError(f"config.eval_tasks.{name}: {e}") from None
-      self.extra[name] = (other, [other.make_example("test", i) for i in range(n)])
+      # The same prompt rendering as the trained task (a chat template, when the run has one).
+      other = run_setup.chat_prompts(config, other, sampler.tokenizer)
+      self.extra[name] = (other, _test_records(other, n, f"config.eval_tasks.{name}"))
+    self.rows_per_call = int(config.get("eval_rows_per_call") or 0) or None
     self.max_new_tokens = max_new_tokens
     self.pass_k = int(config.get("eval_samples") or pass_k)
     pass_ks = config.get("eval_pass_ks") or None
@@ -180,13 +192,14 @@ class TaskEvaluator:
     evaluation = evaluate(self.sampler, params, self.task, self.records,
                           max_new_tokens=self.max_new_tokens, k=self.pass_k,
                           temperature=self.temperature, rng=jax.random.key(step),
-                          timeout_s=self.timeout_s, pass_ks=self.pass_ks)
+                          timeout_s=self.timeout_s, pass_ks=self.pass_ks,
+                          rows_per_call=self.rows_per_call)
     metrics = {f"eval/{k}": v for k, v in evaluation.metrics.items() if k != "num_problems"}
     outcomes = {"greedy_correct": evaluation.greedy_correct,
                 "sample_correct": evaluation.sample_correct}
     for name, (task, records) in self.extra.items():
       other = evaluate(self.sampler, params, task, records, max_new_tokens=self.max_new_tokens,
-                       k=0, timeout_s=self.timeout_s)
+                       k=0, timeout_s=self.timeout_s, rows_per_call=self.rows_per_call)
       metrics[f"eval/{name}/accuracy"] = other.metrics["accuracy"]
       outcomes[f"greedy_correct/{name}"] = other.greedy_correct
     write_eval_outcomes(self.run.workdir, step, **outcomes)

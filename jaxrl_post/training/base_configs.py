@@ -170,6 +170,11 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   config.eval_every = 10
   config.eval_examples = 128
   config.eval_pass_k = 4
+  # pass@k reported for these k (each <= eval_pass_k, the samples per prompt; () = just that n).
+  config.eval_pass_ks = ()
+  # At most this many completions per sampler call in the evaluation (0: all at once); bounds
+  # its KV cache when eval_examples × eval_pass_k is large.
+  config.eval_rows_per_call = 0
   config.log_every = 1
   config.checkpoint_every = 10
   return config

@@ -80,6 +80,12 @@ def build_task(config, tokenizer=None):
     task = get_task(config.task, **dict(config.get("task_knobs", {})))
   except (KeyError, TypeError) as e:
     raise ValueError(f"config.task / config.task_knobs: {e}") from None
+  return chat_prompts(config, task, tokenizer)
+
+
+def chat_prompts(config, task, tokenizer=None):
+  """`task` with its prompts rendered by the chat template when `config.chat_template` is set
+  (`build_task`'s wrapping, also for the tasks a run only evaluates on); else `task` itself."""
   if not config.get("chat_template", False):
     return task
   if tokenizer is None:

@@ -10,7 +10,7 @@ from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("qwen3_0p6b", "qwen3_1p7b", "qwen3_4b", "qwen3_8b")
-MESHES = {"gpu8": 8, "v5p8": 4, "v5e16": 16}
+MESHES = {"gpu8": (8, 1), "v5p8": (4, 1), "v5e16": (4, 4)}  # (fsdp, tensor)
 
 
 def _config(name, arg):
@@ -32,13 +32,13 @@ def test_every_model_and_mesh_divides(name, model, mesh):
   assert config.init_from == "hf:Qwen/Qwen3-" + {"qwen3_0p6b": "0.6B", "qwen3_1p7b": "1.7B",
                                                  "qwen3_4b": "4B", "qwen3_8b": "8B"}[model]
   assert config.tokenizer == "init_from" and config.chat_template
-  assert config.mesh.ici_fsdp == MESHES[mesh]
+  assert (config.mesh.ici_fsdp, config.mesh.ici_tensor) == MESHES[mesh]
   rollouts = config.prompts_per_step * config.group_size
   rows = rollouts // config.ppo_mini_batches
   assert rollouts % config.ppo_mini_batches == 0
-  # Each micro-batch gives every device at least one row.
+  # Each micro-batch gives every batch shard (fsdp) at least one row.
   assert rows % config.num_micro_batches == 0
-  assert rows // config.num_micro_batches >= MESHES[mesh]
+  assert rows // config.num_micro_batches >= MESHES[mesh][0]
 
 
 def test_aot_flags_from_config():
