@@ -3,7 +3,7 @@ r"""GRPO of Qwen3 on GSM8K, from the Hub's checkpoint to an exported one.
   python experiments/grpo.py --config=configs/grpo_gsm8k.py:model=qwen3_0p6b,mesh=gpu8 \
       --workdir=/tmp/grpo_gsm8k
   python experiments/evaluate.py --run_dir=/tmp/grpo_gsm8k --task=gsm8k --n=8 --k=1,4,8
-  python scripts/export_hf.py --run_dir=/tmp/grpo_gsm8k --output=/tmp/grpo_gsm8k_hf
+  python scripts/export_hf.py --run_dir=/tmp/grpo_gsm8k --out=/tmp/grpo_gsm8k_hf
 
 Config args: `model=qwen3_0p6b|qwen3_1p7b|qwen3_4b|qwen3_8b`, `mesh=gpu8|v5p8|v5e16|auto`,
 `loss=<policy loss name>`, `data_dir=<a local copy of the dataset repository>`, `runlocal`

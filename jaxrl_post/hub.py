@@ -171,10 +171,10 @@ def resolve_model_dir(name_or_path: str | os.PathLike[str], *,
   except errors.LocalEntryNotFoundError:
     path = None
   if path is None or (weights and _model_files_missing(path)):
-    if _offline():
+    if offline():
       raise FileNotFoundError(
         f"{spec}: {repo_id!r} (revision {revision or 'main'}) is not (completely) in the Hub cache "
-        f"{cache_dir or huggingface_hub.constants.HF_HUB_CACHE} and HF_HUB_OFFLINE is set: go "
+        f"{cache_location(cache_dir)} and HF_HUB_OFFLINE is set: go "
         "online once (unset HF_HUB_OFFLINE) to download it, download it elsewhere into this "
         "cache (`hf download`), or pass a local checkpoint directory instead")
     path = Path(_download(spec, kwargs))
@@ -210,11 +210,20 @@ def _download(spec: str, kwargs: dict) -> str:
       "HF_TOKEN), or pass a local checkpoint directory") from None
 
 
-def _offline() -> bool:
-  import huggingface_hub
+def offline() -> bool:
+  """Whether the Hub client may not use the network: `HF_HUB_OFFLINE` now (the environment, as
+  it is when this runs) or as huggingface_hub read it at import."""
+  from huggingface_hub import constants
 
   env = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
-  return env or bool(huggingface_hub.constants.HF_HUB_OFFLINE)
+  return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def cache_location(cache_dir: str | os.PathLike[str] | None = None) -> str:
+  """The Hub cache a download uses: `cache_dir`, else `HF_HUB_CACHE` now, else the client's."""
+  from huggingface_hub import constants
+
+  return os.fspath(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
 
 
 def _model_files_missing(path: Path) -> list[str]:

@@ -51,6 +51,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from jaxrl_post import hub
 from jaxrl_post.rewards import math_answers
 from jaxrl_post.tasks import base, files
 
@@ -71,7 +72,6 @@ MATH500_FILES = {"test": "test.jsonl"}
 
 # GSM8K's calculator annotations, `<<48/2=24>>`, which are not part of the prose.
 _CALCULATOR_RE = re.compile(r"<<[^<>]*>>")
-_HUB_OFFLINE_VALUES = ("1", "ON", "YES", "TRUE")
 
 
 def fetch_dataset_file(repo_id: str, filename: str, *, revision: str = "main",
@@ -90,13 +90,12 @@ def fetch_dataset_file(repo_id: str, filename: str, *, revision: str = "main",
   kwargs = dict(repo_id=repo_id, filename=filename, repo_type="dataset", revision=revision,
                 cache_dir=cache_dir)
   where = (f"file {filename!r} of the Hub dataset {repo_id!r} (revision {revision!r}, cache "
-           f"{cache_dir or huggingface_hub.constants.HF_HUB_CACHE})")
+           f"{hub.cache_location(cache_dir)})")
   try:
     return huggingface_hub.hf_hub_download(**kwargs, local_files_only=True)
   except errors.LocalEntryNotFoundError:
     pass
-  offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in _HUB_OFFLINE_VALUES
-  if offline or huggingface_hub.constants.is_offline_mode():
+  if hub.offline():
     raise FileNotFoundError(
       f"{where} is not cached and HF_HUB_OFFLINE is set: go online once to download it, or "
       "pass the task's `path` knob with local JSONL / parquet files per split") from None

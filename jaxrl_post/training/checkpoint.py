@@ -16,18 +16,38 @@ Where a run starts (`resolve_start`), first match wins:
 Orbax writes each step into a temporary directory and renames it when the
 save is complete, so a checkpoint interrupted mid-write (a kill during an
 async save) is never listed as the latest one.
+
+Paths are `etils.epath.Path`s (`as_path`): a workdir may be local or any URI epath knows
+(`gs://bucket/run` on a pod; epath needs `gcsfs` or TensorFlow for it), and orbax reads and
+writes either natively (its arrays through TensorStore's own GCS driver).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+
+def is_local(path: str | os.PathLike) -> bool:
+  """Whether `path` is on this machine's file system (not `gs://…`, `s3://…`, …)."""
+  return "://" not in os.fspath(path)
+
+
+def as_path(path: str | os.PathLike) -> epath.Path:
+  """`path` as an `epath.Path`: a URI (`gs://bucket/run`) as is, a local path made absolute.
+
+  Absolute because orbax wants absolute directories, and a relative workdir would otherwise
+  move with the working directory. (`epath.Path("gs://b").absolute()` would prefix the
+  working directory, hence the two cases.)
+  """
+  path = epath.Path(path)
+  return path.absolute() if is_local(path) else path
 
 
 class Checkpointer:
@@ -39,7 +59,7 @@ class Checkpointer:
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
                async_save: bool = True):
-    self.directory = Path(directory).absolute()
+    self.directory = as_path(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                            enable_async_checkpointing=async_save, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -129,11 +149,11 @@ class StartPoint:
   "init_from_hf" or "scratch"; `path` and `step` say which checkpoint."""
 
   kind: str
-  path: Path | None = None
+  path: epath.Path | None = None
   step: int | None = None
 
 
-def _latest(directory: Path) -> int | None:
+def _latest(directory: epath.Path) -> int | None:
   if not directory.is_dir():
     return None
   steps = [int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()]
@@ -147,19 +167,19 @@ def resolve_start(checkpoint_dir: str | os.PathLike, *, resume: str | None = Non
   Raises:
     FileNotFoundError: `resume` or `init_from` is set but holds nothing loadable.
   """
-  own = Path(checkpoint_dir)
+  own = epath.Path(checkpoint_dir)
   step = _latest(own)
   if step is not None:
     return StartPoint("workdir", own, step)
   if resume:
-    path = Path(resume)
+    path = epath.Path(resume)
     step = _latest(path) if _latest(path) is not None else _latest(path / "checkpoints")
     if step is None:
       raise FileNotFoundError(f"config.resume={resume!r}: no orbax checkpoint steps there")
     path = path if _latest(path) is not None else path / "checkpoints"
     return StartPoint("resume", path, step)
   if init_from:
-    path = Path(init_from)
+    path = epath.Path(init_from)
     if (path / "config.json").exists() and any(path.glob("*.safetensors*")):
       return StartPoint("init_from_hf", path)
     for candidate in (path, path / "checkpoints"):

@@ -6,9 +6,10 @@
 `train` owns everything that is the same for every method: joining the other processes
 (`jax.distributed`), the trainer's and the sampler's meshes, the model's parameters born
 sharded, the optimizer and the train state, the resume policy, the metric writer, the
-evaluation / logging / checkpoint cadence, the progress bar, preemption (SIGTERM / SIGINT save
-a checkpoint and stop), a dead peer process (a clear exit), too many non-finite updates in a
-row (an error), and the summary printed at the end. A method brings only what is its own: a
+evaluation / logging / checkpoint cadence, the progress bar, preemption (SIGTERM / SIGINT to any
+process: every process saves the same step and stops), a dead peer process (a clear exit), too
+many non-finite updates in a row (an error), profiler traces of chosen steps, and the summary
+printed at the end. A method brings only what is its own: a
 `Method` (below) — how to build its model, what one step does, how to evaluate, which state of
 its own must survive a restart.
 
@@ -30,30 +31,35 @@ Order at start-up, and why:
 
 Checkpoints hold the train state and, as JSON, `{"step": s, "method": method.state_dict()}`
 (data iterator positions, counters, reference numbers). Metrics go to `workdir/metrics.jsonl`
-and TensorBoard; a resumed run rewrites the history after its checkpoint, so the file reads as
-if the run had never stopped.
+and the writers `config.metric_writers` names (TensorBoard; W&B, CLU); a resumed run rewrites
+the history after its checkpoint, so the file reads as if the run had never stopped.
+
+The workdir is an `etils.epath` path: local, or `gs://bucket/run` on a pod (checkpoints through
+orbax, metrics through a local staging copy, see `training.metrics`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 import tqdm
 from absl import app, flags, logging
+from etils import epath
 from flax import nnx
 from ml_collections import config_flags
 
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import Placement, make_placement, maybe_initialize_distributed
 from jaxrl_post.training import setup as run_setup
-from jaxrl_post.training.checkpoint import Checkpointer, StartPoint
-from jaxrl_post.training.metrics import MetricWriter, read_metrics
+from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, as_path
+from jaxrl_post.training.metrics import MetricWriter, metric_writer_names, read_metrics
 from jaxrl_post.training.preemption import PreemptionGuard
+from jaxrl_post.training.profiling import StepProfiler, parse_profile_steps
 from jaxrl_post.training.train_state import TrainState, create_train_state
 
 
@@ -63,7 +69,8 @@ class Run:
 
   Attributes:
     config: the run's (locked) config.
-    workdir: where checkpoints, metrics and the method's files go.
+    workdir: where checkpoints, metrics and the method's files go (an `epath.Path`: local and
+      absolute, or a URI such as `gs://bucket/run`; build paths with `/`, not `os.path`).
     placement: the trainer's and the sampler's meshes and rule tables.
     start: where the run starts (`training.checkpoint.StartPoint`).
     writer: the metric writer (set before the first evaluation).
@@ -73,7 +80,7 @@ class Run:
   """
 
   config: Any
-  workdir: Path
+  workdir: epath.Path
   placement: Placement
   start: StartPoint
   writer: MetricWriter | None = None
@@ -153,26 +160,31 @@ def _due(step: int, every: int, last: bool) -> bool:
   return last or (every > 0 and step % every == 0)
 
 
-def train(config, workdir: str | Path, method: Method) -> TrainState:
+def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
   """Runs `method` for `config.steps` steps in `workdir`, resuming from its last checkpoint.
 
   Config keys read here (besides the method's): `mesh` (`parallel.mesh.mesh_config()`),
   `seed`, `steps`, `optimizer`, `init_from` / `resume`, `log_every`, `eval_every`,
   `checkpoint_every`, `keep_checkpoints`, `max_nonfinite_streak`, and optionally
-  `eval_at_start` (default True).
+  `eval_at_start` (default True), `metric_writers` and `wandb_project` (`training.metrics`),
+  `profile_steps` and `profile_all_processes` (`training.profiling`).
 
   Returns:
     The final train state.
   """
-  workdir = Path(workdir)
+  workdir = as_path(workdir)
+  # Options that fail in seconds, before anything is built or compiled.
+  metric_writer_names(config.get("metric_writers", "jsonl,tensorboard"))
+  parse_profile_steps(config.get("profile_steps", ""))
   # ---- Processes and devices ----
-  maybe_initialize_distributed()
+  maybe_initialize_distributed()  # before anything else asks JAX about processes or devices
+  profiler = StepProfiler.from_config(config, workdir)
   placement = make_placement(config.mesh)
   logging.info("%s: trainer mesh %s, sampler mesh %s (%s)", method.name,
                dict(placement.train_mesh.shape), dict(placement.sample_mesh.shape),
                "colocated" if placement.colocated else "disaggregated")
   run = Run(config=config, workdir=workdir, placement=placement,
-            start=run_setup.start_point(config, str(workdir)))
+            start=run_setup.start_point(config, workdir))
 
   # ---- Model, optimizer, train state (validated before anything compiles) ----
   model = method.build_model(run)
@@ -184,9 +196,9 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
   run.graphdef = nnx.split(model)[0]
 
   # ---- The starting point, the method's set-up, then this workdir's checkpoint ----
-  checkpointer = Checkpointer(run_setup.checkpoint_dir(str(workdir)),
+  checkpointer = Checkpointer(run_setup.checkpoint_dir(workdir),
                               max_to_keep=config.keep_checkpoints)
-  initial = run_setup.start_point(config, str(workdir), ignore_workdir=True)
+  initial = run_setup.start_point(config, workdir, ignore_workdir=True)
   state, extra = run_setup.restore(initial, checkpointer, state)
   method.start(run, state)
   if run.start.kind == "workdir":
@@ -202,7 +214,8 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
       arrays = run_setup.restore_method_arrays(run.start, checkpointer, method.array_state())
       if arrays is not None:
         method.load_array_state(arrays)
-  run.writer = writer = MetricWriter(workdir, resume_step=first_step if resumed else None)
+  run.writer = writer = MetricWriter.from_config(config, workdir,
+                                                 resume_step=first_step if resumed else None)
   writer.write_config(config)
 
   def evaluate(step: int) -> None:
@@ -211,6 +224,7 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
     logging.info("%s step %d eval: %s", method.name, step, dict(record))
 
   def save(step: int) -> None:
+    writer.flush()  # a remote workdir then holds the metrics of every step up to this one
     # Copied: an asynchronous save reads them after the method may have changed them in place.
     arrays = (jax.tree.map(np.array, method.array_state()) if hasattr(method, "array_state")
               else None)
@@ -231,7 +245,9 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
                     disable=jax.process_index() != 0)
     with PreemptionGuard() as guard:
       for step in bar:
+        profiler.before_step(step)
         state, record = method.step(state, step)
+        profiler.after_step(step, (state, record))
         check_finite(record, step, limit)
         last = step == config.steps or done(step)
         if _due(step, config.log_every, last):
@@ -239,13 +255,16 @@ def train(config, workdir: str | Path, method: Method) -> TrainState:
         bar.set_postfix({k: f"{v:.4g}" for k, v in progress(record).items()})
         if _due(step, config.eval_every, last):
           evaluate(step)
-        if _due(step, config.checkpoint_every, last) or guard.requested:
+        # Every process, every step: the collective save needs the same answer everywhere.
+        stop = guard.stop_agreed(step)
+        if _due(step, config.checkpoint_every, last) or stop:
           save(step)
-        if guard.requested:
+        if stop:
           guard.report_stop(step)
           break
         if last:
           break
+  profiler.close()
   checkpointer.close()
   writer.close()
   if jax.process_index() == 0:

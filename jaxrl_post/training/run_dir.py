@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import ml_collections
+from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_post.models import CausalLM
 from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
 from jaxrl_post.training import setup as run_setup
-from jaxrl_post.training.checkpoint import Checkpointer
+from jaxrl_post.training.checkpoint import Checkpointer, as_path
 from jaxrl_post.training.metrics import CONFIG_FILE
 
 
 class LoadedRun(NamedTuple):
   """A run's policy at one checkpoint step (`load_run`)."""
 
-  workdir: Path
+  workdir: epath.Path
   config: ml_collections.ConfigDict  # the run's config.json (unlocked: a copy to read)
   step: int  # the checkpoint step whose parameters `model` holds
   model: CausalLM
@@ -47,7 +47,7 @@ def read_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     FileNotFoundError: there is no config.json (not a run's `--workdir`, or a run that has
       not started yet).
   """
-  path = Path(workdir) / CONFIG_FILE
+  path = as_path(workdir) / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path} not found: {workdir} is not the --workdir of a run (a "
                             f"run writes {CONFIG_FILE} there when it starts)")
@@ -98,7 +98,7 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, mesh: Mesh 
     ValueError: `step` has no checkpoint (the message lists those there are), or the
       config no longer builds (naming its key).
   """
-  workdir = Path(workdir)
+  workdir = as_path(workdir)
   config = read_config(workdir)
   step = resolve_step(workdir, step)
   tokenizer = run_setup.build_tokenizer(config)

@@ -8,12 +8,14 @@ tokenizer whose vocabulary does not fit the model.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -26,7 +28,7 @@ from jaxrl_post.rewards.math_answers import shared_pool
 from jaxrl_post.rewards.verifiers import pooled_verifier
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tasks.chat import ChatTask
-from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, resolve_start
+from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, as_path, resolve_start
 from jaxrl_post.training.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -316,18 +318,25 @@ def restore_method_arrays(start: StartPoint, checkpointer: Checkpointer, like):
   return source.restore_arrays(start.step, like)
 
 
-def checkpoint_dir(workdir: str) -> Path:
-  return Path(workdir) / "checkpoints"
+# Where a run keeps its orbax checkpoints, under its workdir.
+CHECKPOINT_DIR = "checkpoints"
 
 
-def start_point(config, workdir: str, *, ignore_workdir: bool = False) -> StartPoint:
+def checkpoint_dir(workdir: str | os.PathLike) -> epath.Path:
+  """`workdir/checkpoints` as an `epath.Path`: a `gs://` workdir keeps its scheme
+  (`pathlib.Path("gs://b/run")` would read as the local "gs:/b/run")."""
+  return as_path(workdir) / CHECKPOINT_DIR
+
+
+def start_point(config, workdir: str | os.PathLike, *,
+                ignore_workdir: bool = False) -> StartPoint:
   """The resume policy for this run; `ignore_workdir` gives where the run first started.
 
   A Hub `config.init_from` ("hf:<org>/<name>[@<revision>]") is resolved to its snapshot in the
   Hub cache first (`hub.resolve_model_dir`: downloaded once, then read from the cache, so a
   resumed run needs no network and gets the same weights).
   """
-  own = Path("/nonexistent") if ignore_workdir else checkpoint_dir(workdir)
+  own = epath.Path("/nonexistent") if ignore_workdir else checkpoint_dir(workdir)
   init_from = config.get("init_from") or None
   if init_from is not None and hub.is_hub_spec(init_from):
     try:

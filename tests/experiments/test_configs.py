@@ -12,8 +12,13 @@ from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tokenizers import get_tokenizer
 
 _CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-# The LM post-training configs (SFT / GRPO); other experiment families test their own.
-CONFIGS = sorted([*_CONFIG_DIR.glob("sft_*.py"), *_CONFIG_DIR.glob("grpo_*.py")])
+# The LM post-training configs (SFT / GRPO) of the synthetic tasks; other experiment families
+# test their own, the Hub recipes (grpo_gsm8k, grpo_math) too
+# (test_qwen3_recipe_configs.py, test_gsm8k_recipe_runlocal.py): their model and data are Hub
+# repositories.
+_HUB_RECIPES = ("grpo_gsm8k", "grpo_math")
+CONFIGS = sorted(p for p in [*_CONFIG_DIR.glob("sft_*.py"), *_CONFIG_DIR.glob("grpo_*.py")]
+                 if p.stem not in _HUB_RECIPES)
 
 
 def _load(path):

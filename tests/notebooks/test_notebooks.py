@@ -20,3 +20,19 @@ def test_quickstart_notebook_runs(monkeypatch):
   outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
   assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
              for o in outputs)
+
+
+def test_gsm8k_qwen3_notebook_runs_offline_on_the_standin(monkeypatch):
+  notebook = nbformat.read(ROOT / "notebooks" / "02_gsm8k_qwen3.ipynb", as_version=4)
+  monkeypatch.setenv("JAXRL_POST_ROOT", str(ROOT))
+  monkeypatch.delenv("JAXRL_POST_NOTEBOOK_FULL", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", "")
+  client = NotebookClient(notebook, timeout=900, kernel_name="python3",
+                          resources={"metadata": {"path": str(ROOT / "notebooks")}})
+  client.execute()
+  text = "\n".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
+  assert "<|im_start|>assistant" in text  # the chat-rendered prompt
+  outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
+  assert any("pass_at_1" in str(o.get("data", {})) for o in outputs)  # the evaluation's metrics
+  assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+             for o in outputs)
