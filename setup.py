@@ -58,5 +58,7 @@ setuptools.setup(
         "gpu": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
         "control": ["gymnax>=1.0.1", "brax>=0.14"],
+        # gs:// workdirs (etils.epath over gcsfs) and the W&B metric writer.
+        "pod": ["gcsfs", "wandb"],
     },
 )
