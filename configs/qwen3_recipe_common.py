@@ -79,6 +79,7 @@ def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
   config.optimizer = base_configs.optimizer_config(lr=1e-6, warmup_steps=10,
                                                    weight_decay=0.0, grad_clip=1.0)
   config.prompt_len = prompt_len
+  config.long_prompts = "drop"  # the few problems longer than prompt_len (logged at start-up)
   config.max_new_tokens = max_new_tokens
   config.trim_completions_to = 128
   config.prompts_per_step = 32

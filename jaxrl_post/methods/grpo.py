@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from jaxrl_post import advantages as advantages_lib
 from jaxrl_post.methods import step_parts
@@ -114,25 +115,78 @@ def train_examples(config, task) -> int:
   return requested or available
 
 
-def task_loader(config, task, batch_size: int) -> task_data.ShardedLoader:
+# What a run does with dataset prompts longer than `config.prompt_len` tokens.
+LONG_PROMPT_POLICIES = ("error", "drop")
+
+
+def fitting_indices(config, task, tokenizer, split: str, count: int, key: str) -> list[int]:
+  """The indices of the first examples of `split` whose prompts fit `config.prompt_len`.
+
+  A task with a fixed split (a dataset file) is checked at start-up, so that one long problem
+  cannot stop a run hours in (the sampler refuses prompts longer than its largest bucket):
+  `config.long_prompts="error"` (the default) raises, naming the longest prompt; `"drop"`
+  skips the long ones (logged) and takes the next that fit, up to `count`. Generated tasks are
+  not checked (their prompts are short by construction; the sampler still refuses a long one).
+
+  Raises:
+    ValueError: naming `config.prompt_len` / `config.long_prompts` and `key`.
+  """
+  policy = config.get("long_prompts", "error")
+  if policy not in LONG_PROMPT_POLICIES:
+    raise ValueError(f"config.long_prompts={policy!r}; valid: {', '.join(LONG_PROMPT_POLICIES)}")
+  available = task.num_examples(split)
+  if available is None or tokenizer is None:
+    return list(range(count))
+  limit = config.prompt_len
+  candidates = range(available) if policy == "drop" else range(count)
+  keep, longest = [], (0, -1)
+  for i in candidates:
+    length = len(tokenizer.encode(task.make_example(split, i)["prompt"]))
+    if length <= limit:
+      keep.append(i)
+      if len(keep) == count:
+        break
+    else:
+      longest = max(longest, (length, i))
+  if policy == "error" and longest[1] >= 0:
+    raise ValueError(
+      f"{key}: example {longest[1]} of split {split!r} has a {longest[0]}-token prompt, longer "
+      f"than config.prompt_len={limit}: raise config.prompt_len, or set "
+      "config.long_prompts='drop' to skip such prompts")
+  if len(keep) < count:
+    raise ValueError(f"{key}: only {len(keep)} of the {split!r} prompts fit "
+                     f"config.prompt_len={limit}, fewer than the {count} needed")
+  skipped = keep[-1] + 1 - len(keep) if keep else 0
+  if skipped:
+    logging.warning("%s: skipped %d %r prompts longer than config.prompt_len=%d", key, skipped,
+                    split, limit)
+  return keep
+
+
+def task_loader(config, task, batch_size: int, tokenizer=None) -> task_data.ShardedLoader:
   """The train split of `task`, `batch_size` records per step in all, read in
   `config.data_shards` logical shards of which this process reads its own.
 
   `config.num_train_examples` of 0 takes every row of a task with a fixed train split (a
-  dataset file); a generated task needs a count.
+  dataset file); a generated task needs a count. With the `tokenizer`, a fixed split's prompts
+  are checked against `config.prompt_len` (`fitting_indices`).
   """
-  source = task_data.TaskSource(task, "train", train_examples(config, task))
+  count = train_examples(config, task)
+  indices = fitting_indices(config, task, tokenizer, "train", count, "config.task")
+  source = task_data.TaskSource(task, "train", count, indices=indices)
   return task_data.ShardedLoader(source, global_batch_size=batch_size,
                                  num_shards=config.data_shards, seed=config.seed)
 
 
-def _test_records(task, count: int, key: str) -> list[dict]:
-  """The first `count` records of `task`'s test split, checked against a fixed split's size."""
-  available = task.num_examples("test")
+def _test_records(config, task, tokenizer, key: str) -> list[dict]:
+  """The first `config.eval_examples` test records of `task` whose prompts fit, checked
+  against a fixed split's size (`fitting_indices`)."""
+  count, available = config.eval_examples, task.num_examples("test")
   if available is not None and count > available:
     raise ValueError(f"config.eval_examples={count} but {key} ({getattr(task, 'name', task)!r}) "
                      f"has {available} test examples")
-  return [task.make_example("test", i) for i in range(count)]
+  indices = fitting_indices(config, task, tokenizer, "test", count, key)
+  return [task.make_example("test", i) for i in indices]
 
 
 class TaskEvaluator:
@@ -162,8 +216,7 @@ class TaskEvaluator:
                pass_k: int, temperature: float = 1.0, timeout_s: float | None = None):
     self.run, self.task, self.sampler = run, task, sampler
     config = run.config
-    n = config.eval_examples
-    self.records = _test_records(task, n, "config.task")
+    self.records = _test_records(config, task, sampler.tokenizer, "config.task")
     self.extra = {}
     for name, spec in (config.get("eval_tasks") or {}).items():
       try:
@@ -172,7 +225,8 @@ class TaskEvaluator:
         raise ValueError(f"config.eval_tasks.{name}: {e}") from None
       # The same prompt rendering as the trained task (a chat template, when the run has one).
       other = run_setup.chat_prompts(config, other, sampler.tokenizer)
-      self.extra[name] = (other, _test_records(other, n, f"config.eval_tasks.{name}"))
+      self.extra[name] = (other, _test_records(config, other, sampler.tokenizer,
+                                               f"config.eval_tasks.{name}"))
     self.rows_per_call = int(config.get("eval_rows_per_call") or 0) or None
     self.max_new_tokens = max_new_tokens
     self.pass_k = int(config.get("eval_samples") or pass_k)
@@ -373,7 +427,8 @@ class GRPO:
     # Which pool tasks each step draws: a shuffled pass, or a part's loader (a task prior).
     loaders = [part.loader for part in self.parts.values() if hasattr(part, "loader")]
     self.data_iter = (loaders[0] if loaders
-                      else iter(task_loader(config, self.task, config.prompts_per_step)))
+                      else iter(task_loader(config, self.task, config.prompts_per_step,
+                                            self.tokenizer)))
     self.rng = jax.random.key(config.seed + 1)
     for start in self.hooks("start"):
       start(self, state)

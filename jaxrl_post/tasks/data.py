@@ -123,13 +123,17 @@ def prepare_task_dataset(
 class TaskSource:
   """A split generated on the fly, with the random-access interface of a stored one.
 
-  For quick experiments without writing files; records equal the stored ones.
+  For quick experiments without writing files; records equal the stored ones. `indices`
+  (optional) keeps only those examples of the split, in that order (e.g. the prompts that fit
+  the sampler), renumbered 0 … len − 1 for the loader; the records keep their own `index`.
   """
 
-  def __init__(self, task: base.Task, split: str, num_examples: int):
+  def __init__(self, task: base.Task, split: str, num_examples: int,
+               indices: Sequence[int] | None = None):
     self._task = task
     self._split = split
-    self._num_examples = num_examples
+    self._indices = None if indices is None else np.asarray(indices, np.int64)
+    self._num_examples = num_examples if indices is None else len(self._indices)
 
   def __len__(self) -> int:
     return self._num_examples
@@ -137,7 +141,8 @@ class TaskSource:
   def __getitem__(self, index: int) -> dict[str, Any]:
     if not 0 <= index < self._num_examples:
       raise IndexError(f"index {index} out of range [0, {self._num_examples})")
-    return self._task.make_example(self._split, int(index))
+    example = int(index) if self._indices is None else int(self._indices[index])
+    return self._task.make_example(self._split, example)
 
 
 def make_loader(

@@ -134,6 +134,8 @@ def sft_base() -> ml_collections.ConfigDict:
 def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   config = _common()
   config.prompt_len = 16
+  # A dataset prompt longer than prompt_len: "error" at start-up, or "drop" it (methods.grpo).
+  config.long_prompts = "error"
   config.max_new_tokens = 72
   # Score and update on completions cut to the step's longest, rounded up to a
   # multiple of this (0: the full `max_new_tokens`): a few compiled widths,
