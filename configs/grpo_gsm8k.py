@@ -28,11 +28,7 @@ def get_config(arg=None):
                               max_new_tokens=1024)
 
 
-def sweep(add, arg=None):
-  del arg
-  for loss in ("grpo", "gspo", "cispo"):
-    for lr in (5e-7, 1e-6, 2e-6):
-      add(**{"loss.name": loss, "optimizer.lr": lr})
+sweep = common.sweep
 
 
 def metrics():

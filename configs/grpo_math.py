@@ -27,11 +27,7 @@ def get_config(arg=None):
                               eval_tasks={"math500": {"task": "math500", "task_knobs": {}}})
 
 
-def sweep(add, arg=None):
-  del arg
-  for loss in ("grpo", "gspo", "cispo"):
-    for lr in (5e-7, 1e-6, 2e-6):
-      add(**{"loss.name": loss, "optimizer.lr": lr})
+sweep = common.sweep
 
 
 def metrics():

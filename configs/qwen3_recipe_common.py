@@ -107,6 +107,14 @@ def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
   return config
 
 
+def sweep(add, arg=None):
+  """Three policy losses × three learning rates around the recipe's 1e-6."""
+  del arg
+  for loss in ("grpo", "gspo", "cispo"):
+    for lr in (5e-7, 1e-6, 2e-6):
+      add(**{"loss.name": loss, "optimizer.lr": lr})
+
+
 def shrink_for_runlocal(config) -> None:
   """A few steps of the stand-in checkpoint in float32: the recipe's path, at test size."""
   config.init_from = ""  # the test passes the stand-in's directory

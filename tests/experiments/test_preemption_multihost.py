@@ -20,15 +20,11 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import portpicker
-from flax import nnx
+from regression_method import Regression, regression_config
 
 from jaxrl_post.training import loop
-from jaxrl_post.training.base_configs import loop_config, optimizer_config
 from jaxrl_post.training.metrics import read_metrics
-from jaxrl_post.training.train_state import make_train_step
 
 THIS = Path(__file__).resolve()
 ROOT = THIS.parents[2]
@@ -36,62 +32,11 @@ ROOT = THIS.parents[2]
 
 def get_config():
   """Many slow steps, no periodic checkpoint: only the preemption save can exist."""
-  config = loop_config()
-  config.steps = 10_000
-  config.optimizer = optimizer_config(lr=0.1, name="sgd", decay_steps=10_000)
-  config.eval_every = 100_000
-  config.checkpoint_every = 100_000
-  config.log_every = 1
-  config.eval_at_start = False
-  config.compilation_cache_dir = ""
-  config.metric_writers = "jsonl"
-  config.step_sleep_s = 0.05
+  config = regression_config(steps=10_000, eval_every=100_000, checkpoint_every=100_000,
+                             eval_at_start=False, compilation_cache_dir="",
+                             metric_writers="jsonl", step_sleep_s=0.05)
+  config.optimizer.decay_steps = 10_000
   return config
-
-
-def _mse(model, batch):
-  loss = jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
-  return loss, {"mse": loss}
-
-
-class Regression:
-  """A `loop.Method`: SGD on y = 3·x₀ − 2·x₁; batches depend on (seed, step) only."""
-
-  name = "regression"
-  updates_per_step = 1
-
-  def __init__(self, config):
-    self.config = config
-    self.rows_seen = 0
-
-  def build_model(self, run):
-    return nnx.Linear(2, 1, rngs=nnx.Rngs(run.config.seed))
-
-  def start(self, run, state):
-    del state
-    self.step_fn = make_train_step(run.graphdef, _mse, run.optimizer)
-
-  def step(self, state, step):
-    x = np.random.default_rng([self.config.seed, step]).normal(size=(8, 2)).astype(np.float32)
-    state, metrics = self.step_fn(state, {"x": x, "y": x @ np.array([[3.0], [-2.0]], np.float32)})
-    time.sleep(self.config.step_sleep_s)
-    self.rows_seen += 8
-    return state, {"train/loss": float(metrics["loss"]), "train/rows_seen": self.rows_seen,
-                   "train/nonfinite_streak": int(metrics["nonfinite_streak"])}
-
-  def evaluate(self, state, step):
-    del state, step
-    return {"eval/rows_seen": float(self.rows_seen)}
-
-  def state_dict(self):
-    return {"rows_seen": self.rows_seen}
-
-  def load_state_dict(self, state):
-    self.rows_seen = state["rows_seen"]
-
-  def summary(self, records):
-    del records
-    return f"regression: {self.rows_seen} rows"
 
 
 def _launch(workdir, port, *overrides):
@@ -100,7 +45,8 @@ def _launch(workdir, port, *overrides):
   for index in range(2):
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(index), PYTHONPATH=str(ROOT))
+               JAX_PROCESS_ID=str(index),
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     log = open(workdir.parent / f"process_{index}.log", "w")  # noqa: SIM115 - the child's
     processes.append(subprocess.Popen(
       [sys.executable, str(THIS), f"--config={THIS}", f"--workdir={workdir}", *overrides],

@@ -17,15 +17,14 @@ import os
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from etils.epath import testing as epath_testing
-from flax import nnx
+from regression_method import Regression, regression_config
 
 from jaxrl_post.training import loop
 from jaxrl_post.training import setup as run_setup
-from jaxrl_post.training.base_configs import loop_config, optimizer_config
+from jaxrl_post.training.base_configs import loop_config
 from jaxrl_post.training.checkpoint import Checkpointer, as_path, resolve_start
 from jaxrl_post.training.metrics import (
   MetricWriter,
@@ -33,7 +32,6 @@ from jaxrl_post.training.metrics import (
   read_metrics,
   write_eval_outcomes,
 )
-from jaxrl_post.training.train_state import make_train_step
 
 PREFIX = "gs://"
 
@@ -118,74 +116,18 @@ def test_metrics_eval_outcomes_and_resume_policy_on_a_fake_gs_workdir(tmp_path):
 # ---- A whole run on an emulated GCS bucket ----
 
 
-def _config(**overrides):
-  config = loop_config()
-  config.steps = 6
-  config.optimizer = optimizer_config(lr=0.1, name="sgd", decay_steps=6)
-  config.eval_every = 100
-  config.checkpoint_every = 2
-  config.log_every = 1
-  config.eval_at_start = False
-  config.compilation_cache_dir = ""
-  config.update(overrides)
-  return config
-
-
-def _mse(model, batch):
-  loss = jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
-  return loss, {"mse": loss}
-
-
-class Regression:
-  """A `loop.Method`: SGD on y = 3·x₀ − 2·x₁; batches depend on (seed, step) only."""
-
-  name = "regression"
-  updates_per_step = 1
-
-  def __init__(self, config):
-    self.config = config
-    self.rows_seen = 0
-
-  def build_model(self, run):
-    return nnx.Linear(2, 1, rngs=nnx.Rngs(run.config.seed))
-
-  def start(self, run, state):
-    del state
-    self.step_fn = make_train_step(run.graphdef, _mse, run.optimizer)
-
-  def step(self, state, step):
-    x = np.random.default_rng([self.config.seed, step]).normal(size=(8, 2)).astype(np.float32)
-    state, metrics = self.step_fn(state, {"x": x, "y": x @ np.array([[3.0], [-2.0]], np.float32)})
-    self.rows_seen += 8
-    return state, {"train/loss": float(metrics["loss"]), "train/rows_seen": self.rows_seen,
-                   "train/nonfinite_streak": int(metrics["nonfinite_streak"])}
-
-  def evaluate(self, state, step):
-    del state, step
-    return {"eval/rows_seen": float(self.rows_seen)}
-
-  def state_dict(self):
-    return {"rows_seen": self.rows_seen}
-
-  def load_state_dict(self, state):
-    self.rows_seen = state["rows_seen"]
-
-  def summary(self, records):
-    del records
-    return ""
-
-
 def test_a_run_in_an_epath_workdir_checkpoints_and_resumes_exactly(tmp_path):
   workdir = epath.Path(tmp_path) / "run"
-  loop.train(_config(steps=4), workdir, Regression(_config()))
+  loop.train(regression_config(steps=4), workdir, Regression(regression_config()))
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [2, 4]
-  method = Regression(_config())
-  state = loop.train(_config(), workdir, method)
+  method = Regression(regression_config())
+  state = loop.train(regression_config(), workdir, method)
   records = [r for r in read_metrics(workdir) if "train/loss" in r]
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
   assert method.rows_seen == 48  # the method's state came back
 
   # The same six steps without a stop: the same parameters (the resume was exact).
-  reference = loop.train(_config(), tmp_path / "uninterrupted", Regression(_config()))
+  reference = loop.train(regression_config(), tmp_path / "uninterrupted",
+                         Regression(regression_config()))
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
