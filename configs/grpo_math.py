@@ -21,7 +21,7 @@ BINARY = "experiments/grpo.py"
 
 def get_config(arg=None):
   arg = parse_arg(arg, model="qwen3_0p6b", mesh="gpu8", loss="grpo", data_dir="",
-                  runlocal=False)
+                  sft=False, runlocal=False)
   return common.recipe_config(arg, task="math", task_knobs={}, prompt_len=512,
                               max_new_tokens=2048,
                               eval_tasks={"math500": {"task": "math500", "task_knobs": {}}})

@@ -51,19 +51,55 @@ MICRO_BATCHES = {
 
 def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
                   max_new_tokens: int, eval_tasks: dict | None = None):
-  """GRPO on a maths task from a Qwen3 checkpoint; `arg` holds model, mesh, loss, data_dir,
-  runlocal.
+  """GRPO (or, with `arg.sft`, SFT) on a maths task from a Qwen3 checkpoint; `arg` holds model,
+  mesh, loss, data_dir, sft, runlocal.
 
-  Settings follow common open GRPO recipes for Qwen3 on maths (DAPO-style clipping
+  GRPO settings follow common open GRPO recipes for Qwen3 on maths (DAPO-style clipping
   0.2 / 0.28, β = 0, token-mean loss, learning rate 1e-6 with AdamW, 8 samples per prompt,
   temperature 1), in bf16 compute with float32 Adam moments. Thinking is off
   (`enable_thinking=False`): the completion budget is the reasoning budget.
+
+  `sft` fine-tunes on the dataset's worked solutions instead (a warm start for a base model,
+  or for the stand-in): export its run with scripts/export_hf.py and start GRPO from that
+  directory (`--config.init_from=<export>`), which carries the tokenizer and template too.
   """
   if arg.model not in HUB_REPOS:
     raise ValueError(f"config arg model={arg.model!r}; valid: {', '.join(HUB_REPOS)}")
   if arg.mesh not in MESHES:
     raise ValueError(f"config arg mesh={arg.mesh!r}; valid: {', '.join(MESHES)}")
-  config = base_configs.grpo_base(arg.loss)
+  micro = MICRO_BATCHES[arg.model][arg.mesh]
+  if arg.sft:
+    config = base_configs.sft_base()
+    config.completion_len = max_new_tokens
+    config.batch_size = 64
+    config.num_micro_batches = micro
+    config.steps = 500
+    config.optimizer = base_configs.optimizer_config(lr=1e-5, warmup_steps=20,
+                                                     weight_decay=0.0, grad_clip=1.0)
+    config.eval_every = 100
+    config.eval_max_new_tokens = max_new_tokens
+    config.checkpoint_every = 100
+  else:
+    config = base_configs.grpo_base(arg.loss)
+    config.optimizer = base_configs.optimizer_config(lr=1e-6, warmup_steps=10,
+                                                     weight_decay=0.0, grad_clip=1.0)
+    config.long_prompts = "drop"  # the few problems longer than prompt_len (logged at start)
+    config.max_new_tokens = max_new_tokens
+    config.trim_completions_to = 128
+    config.prompts_per_step = 32
+    config.group_size = 8
+    config.ppo_mini_batches = 2  # 128 rows per update
+    config.num_micro_batches = micro
+    config.score_micro_batches = micro
+    config.reward_weights = dict(correct=1.0, format=0.0)
+    config.reward_timeout_s = 5.0
+    config.steps = 200
+    config.eval_every = 25
+    config.eval_pass_ks = (1, 4)
+    config.eval_rows_per_call = 256  # the rollout batch's size: its KV cache is known to fit
+    config.checkpoint_every = 25
+    if eval_tasks:
+      config.eval_tasks = eval_tasks
   config.task = task
   config.task_knobs = dict(task_knobs)
   if arg.data_dir:
@@ -76,30 +112,11 @@ def recipe_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
   config.chat_template_kwargs = dict(enable_thinking=False)
   config.param_dtype = "bfloat16"
   config.dtype = "bfloat16"
-  config.optimizer = base_configs.optimizer_config(lr=1e-6, warmup_steps=10,
-                                                   weight_decay=0.0, grad_clip=1.0)
   config.prompt_len = prompt_len
-  config.long_prompts = "drop"  # the few problems longer than prompt_len (logged at start-up)
-  config.max_new_tokens = max_new_tokens
-  config.trim_completions_to = 128
-  config.prompts_per_step = 32
-  config.group_size = 8
-  config.ppo_mini_batches = 2  # 128 rows per update
-  config.num_micro_batches = MICRO_BATCHES[arg.model][arg.mesh]
-  config.score_micro_batches = config.num_micro_batches
-  config.reward_weights = dict(correct=1.0, format=0.0)
-  config.reward_timeout_s = 5.0
-  config.steps = 200
-  config.eval_every = 25
   config.eval_examples = 256
   config.eval_pass_k = 4
-  config.eval_pass_ks = (1, 4)
-  config.eval_rows_per_call = 256  # the rollout batch's size: its KV cache is known to fit
-  config.checkpoint_every = 25
   config.keep_checkpoints = 3
   config.num_train_examples = 0  # every row of the train split
-  if eval_tasks:
-    config.eval_tasks = eval_tasks
   ici, sample_rules = MESHES[arg.mesh]
   config.mesh = mesh_config(ici=ici, sample_rules=sample_rules)
   if arg.runlocal:
@@ -121,22 +138,27 @@ def shrink_for_runlocal(config) -> None:
   config.param_dtype = config.dtype = "float32"
   config.mesh = mesh_config()
   config.prompt_len = 96
+  config.num_micro_batches = 2
+  config.steps = 2
+  config.eval_every = 2
+  config.eval_examples = 2
+  config.eval_pass_k = 2
+  config.checkpoint_every = 2
+  config.optimizer.warmup_steps = 0
+  config.optimizer.lr = 1e-4
+  config.optimizer.decay_steps = 4
+  if "completion_len" in config:  # SFT
+    config.completion_len = 48
+    config.batch_size = 4
+    config.eval_max_new_tokens = 16
+    return
   config.max_new_tokens = 16
   config.trim_completions_to = 16
   config.prompts_per_step = 2
   config.group_size = 4
   config.ppo_mini_batches = 1
-  config.num_micro_batches = 2
   config.score_micro_batches = 1
-  config.steps = 2
-  config.eval_every = 2
-  config.eval_examples = 2
-  config.eval_pass_k = 2
   config.eval_pass_ks = (1, 2)
   config.eval_rows_per_call = 4  # exercises the chunked evaluation
-  config.checkpoint_every = 2
-  config.optimizer.warmup_steps = 0
-  config.optimizer.lr = 1e-4
-  config.optimizer.decay_steps = 4
   if config.get("eval_tasks"):
     del config["eval_tasks"]

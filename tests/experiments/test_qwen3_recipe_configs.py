@@ -58,3 +58,12 @@ def test_data_dir_and_bad_args():
     _config("grpo_gsm8k", "model=qwen3_70b")
   with pytest.raises(ValueError, match="mesh='tpu'.*gpu8"):
     _config("grpo_gsm8k", "mesh=tpu")
+
+
+def test_sft_variant_shares_model_data_and_prompts():
+  sft, grpo = _config("grpo_gsm8k", "sft,model=qwen3_4b"), _config("grpo_gsm8k", "model=qwen3_4b")
+  for key in ("task", "init_from", "tokenizer", "chat_template", "system_prompt", "prompt_len",
+              "param_dtype", "num_micro_batches"):
+    assert sft[key] == grpo[key], key
+  assert sft.completion_len == grpo.max_new_tokens and "loss" not in sft
+  assert sft.batch_size % sft.num_micro_batches == 0
