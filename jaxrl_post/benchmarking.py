@@ -1,4 +1,5 @@
-"""Timing helpers shared by `scripts/bench_*.py`: median wall clock and a matmul peak.
+"""Helpers shared by `scripts/bench_*.py` and `aot_compile.py`: median wall clock, a matmul peak,
+and the sizes an experiment config compiles.
 
 Every benchmark reports its throughput against a reference measured in the
 same process (a dense float matmul), so numbers from different machines, or
@@ -7,6 +8,7 @@ from one machine under different load, can be compared as fractions.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -37,3 +39,42 @@ def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 3) -> dict
   return {"what": "matmul_peak", "n": n, "dtype": dtype, "seconds": seconds,
           "flops_per_s": 2 * n**3 / seconds, "tflops": 2 * n**3 / seconds / 1e12,
           "backend": jax.default_backend(), "devices": len(jax.devices())}
+
+
+def compile_sizes(config) -> dict:
+  """What an experiment config's binary compiles, as `scripts/aot_compile.py` flag values.
+
+  The update compiles one PPO mini-batch (`prompts_per_step × group_size / ppo_mini_batches`
+  rows, split into `num_micro_batches`) of `prompt_len + max_new_tokens` tokens; the sampler
+  decodes the step's rollouts (`prompts_per_step × group_size` rows). Unset run options
+  (`scan_layers`, `remat_policy`, ...) stay the preset's.
+
+  Raises:
+    ValueError: naming the config key whose rows do not divide.
+  """
+  rollouts = config.prompts_per_step * config.group_size
+  if rollouts % config.ppo_mini_batches:
+    raise ValueError(f"config.ppo_mini_batches={config.ppo_mini_batches} does not divide the "
+                     f"{rollouts} rollouts of a step")
+  mesh = config.mesh
+  values = dict(
+    model=config.model, param_dtype=config.param_dtype, dtype=config.dtype,
+    batch=rollouts // config.ppo_mini_batches, num_micro_batches=config.num_micro_batches,
+    prompt_len=config.prompt_len, completion_len=config.max_new_tokens,
+    max_new_tokens=config.max_new_tokens, sample_batch=rollouts,
+    moments_dtype=config.optimizer.get("moments_dtype", "float32"),
+    mesh_axes=list(mesh.mesh_axes),
+    ici=",".join(f"{a}={mesh[f'ici_{a}']}" for a in mesh.mesh_axes),
+    train_rules=mesh.train_rules, sample_rules=mesh.sample_rules)
+  # One slice: the sizes within it are the whole mesh (`dcn_*` multiply them across slices).
+  if all(mesh[f"ici_{a}"] > 0 for a in mesh.mesh_axes):
+    values["num_cpu_devices"] = math.prod(mesh[f"ici_{a}"] for a in mesh.mesh_axes)
+  if config.get("scan_layers") is not None:
+    values["scan_layers"] = config.scan_layers
+  if config.get("remat_policy"):
+    values["remat_policy"] = config.remat_policy
+  if config.get("logit_chunk_size") is not None:
+    values["logit_chunk_size"] = config.logit_chunk_size
+  if config.get("attention_impl"):
+    values["attention_impl"] = config.attention_impl
+  return values

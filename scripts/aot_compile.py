@@ -59,6 +59,7 @@ from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
+from jaxrl_post.benchmarking import compile_sizes
 from jaxrl_post.models import CausalLM, get_model_config, subspace
 from jaxrl_post.parallel import axes
 from jaxrl_post.parallel import mesh as mesh_lib
@@ -285,50 +286,11 @@ def _peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def flags_from_config(config) -> dict:
-  """The flag values an experiment config implies: what its binary's programs compile to.
-
-  The update compiles one PPO mini-batch (`prompts_per_step × group_size / ppo_mini_batches`
-  rows, split into `num_micro_batches`) of `prompt_len + max_new_tokens` tokens; the sampler
-  decodes the step's rollouts (`prompts_per_step × group_size` rows). Unset run options
-  (`scan_layers`, `remat_policy`, ...) stay the preset's.
-
-  Raises:
-    ValueError: naming the config key whose rows do not divide.
-  """
-  rollouts = config.prompts_per_step * config.group_size
-  if rollouts % config.ppo_mini_batches:
-    raise ValueError(f"config.ppo_mini_batches={config.ppo_mini_batches} does not divide the "
-                     f"{rollouts} rollouts of a step")
-  mesh = config.mesh
-  values = dict(
-    model=config.model, param_dtype=config.param_dtype, dtype=config.dtype,
-    batch=rollouts // config.ppo_mini_batches, num_micro_batches=config.num_micro_batches,
-    prompt_len=config.prompt_len, completion_len=config.max_new_tokens,
-    max_new_tokens=config.max_new_tokens, sample_batch=rollouts,
-    moments_dtype=config.optimizer.get("moments_dtype", "float32"),
-    mesh_axes=list(mesh.mesh_axes),
-    ici=",".join(f"{a}={mesh[f'ici_{a}']}" for a in mesh.mesh_axes),
-    train_rules=mesh.train_rules, sample_rules=mesh.sample_rules)
-  # One slice: the sizes within it are the whole mesh (`dcn_*` multiply them across slices).
-  if all(mesh[f"ici_{a}"] > 0 for a in mesh.mesh_axes):
-    values["num_cpu_devices"] = math.prod(mesh[f"ici_{a}"] for a in mesh.mesh_axes)
-  if config.get("scan_layers") is not None:
-    values["scan_layers"] = config.scan_layers
-  if config.get("remat_policy"):
-    values["remat_policy"] = config.remat_policy
-  if config.get("logit_chunk_size") is not None:
-    values["logit_chunk_size"] = config.logit_chunk_size
-  if config.get("attention_impl"):
-    values["attention_impl"] = config.attention_impl
-  return values
-
-
 def _apply_config_flags() -> None:
   """Sets the flags from `--config`; a flag also given on the command line keeps its value."""
   if _CONFIG.value is None:
     return
-  for name, value in flags_from_config(_CONFIG.value).items():
+  for name, value in compile_sizes(_CONFIG.value).items():
     if not flags.FLAGS[name].present:
       flags.FLAGS[name].value = value
 

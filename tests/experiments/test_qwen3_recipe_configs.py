@@ -1,11 +1,11 @@
 """configs/grpo_gsm8k.py and configs/grpo_math.py: every model × mesh builds a valid config,
-and `aot_compile.py --config` reads the sizes its binary would compile."""
+and `aot_compile.py --config` reads the sizes its binary would compile (`compile_sizes`)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from jaxrl_post.benchmarking import compile_sizes
 from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,13 +15,6 @@ MESHES = {"gpu8": (8, 1), "v5p8": (4, 1), "v5e16": (4, 4)}  # (fsdp, tensor)
 
 def _config(name, arg):
   return load_module(ROOT / "configs" / f"{name}.py").get_config(arg)
-
-
-def _aot():
-  spec = importlib.util.spec_from_file_location("aot_compile", ROOT / "scripts" / "aot_compile.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.mark.parametrize("name", ["grpo_gsm8k", "grpo_math"])
@@ -42,7 +35,7 @@ def test_every_model_and_mesh_divides(name, model, mesh):
 
 
 def test_aot_flags_from_config():
-  flags = _aot().flags_from_config(_config("grpo_gsm8k", "model=qwen3_8b,mesh=gpu8"))
+  flags = compile_sizes(_config("grpo_gsm8k", "model=qwen3_8b,mesh=gpu8"))
   assert flags["model"] == "qwen3_8b" and flags["num_cpu_devices"] == 8
   assert flags["batch"] == 128 and flags["sample_batch"] == 256
   assert flags["prompt_len"] == 256 and flags["completion_len"] == 1024
