@@ -34,6 +34,7 @@ import ml_collections
 from absl import app, flags, logging
 
 from jaxrl_post import script_flags
+from jaxrl_post.methods.grpo import fitting_indices
 from jaxrl_post.parallel.mesh import make_placement, mesh_config
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.training import base_configs
@@ -168,7 +169,10 @@ def _task(config, tokenizer):
     raise app.UsageError(f"--task={name!r} / --task_knobs / --chat_template: {e}") from None
 
 
-def _records(task, config) -> list[dict[str, Any]]:
+def _records(task, config, tokenizer, max_prompt_len: int) -> list[dict[str, Any]]:
+  """The first `--num_examples` problems of `--split` whose prompts fit `max_prompt_len`, chosen
+  as the in-run evaluation chooses them (`methods.grpo.fitting_indices`, with the run's
+  `long_prompts` policy; "error" for a Hugging Face checkpoint)."""
   split = _SPLIT.value
   splits = task.splits
   if splits is not None and split not in splits:
@@ -179,7 +183,13 @@ def _records(task, config) -> list[dict[str, Any]]:
     logging.info("--num_examples=%d > the %d problems of split %r: evaluating all of them",
                  count, size, split)
     count = size
-  return [task.make_example(split, i) for i in range(count)]
+  limits = ml_collections.ConfigDict(dict(prompt_len=max_prompt_len,
+                                          long_prompts=config.get("long_prompts", "error")))
+  try:
+    indices = fitting_indices(limits, task, tokenizer, split, count, "--task")
+  except ValueError as e:
+    raise app.UsageError(f"{e} (here: --max_prompt_len)") from None
+  return [task.make_example(split, i) for i in indices]
 
 
 def format_table(metrics: dict[str, float], n: int, pass_ks: list[int]) -> str:
@@ -214,7 +224,6 @@ def main(argv: list[str]) -> None:
 
   # ---- Task and settings (the run's unless a flag says otherwise) ----
   task_name, knobs, task_config, task = _task(config, tokenizer)
-  records = _records(task, config)
   n = _N.value if _N.value >= 0 else int(config.get("eval_samples") or
                                          config.get("eval_pass_k") or 4)
   try:
@@ -229,6 +238,7 @@ def main(argv: list[str]) -> None:
   max_new_tokens = (_MAX_NEW_TOKENS.value or config.get("eval_max_new_tokens")
                     or config.get("max_new_tokens") or 512)
   max_prompt_len = _MAX_PROMPT_LEN.value or int(config.get("prompt_len", 512))
+  records = _records(task, config, tokenizer, max_prompt_len)
   seed = _SEED.value if _SEED.value is not None else (step or 0)
   timeout_s = (_TIMEOUT_S.value if _TIMEOUT_S.value is not None
                else float(config.get("reward_timeout_s", 10.0)))
@@ -265,12 +275,11 @@ def main(argv: list[str]) -> None:
     output = str(Path(_RUN_DIR.value) / "evaluations" /
                  f"step_{step:08d}_{task_name}_{_SPLIT.value}.json")
   if output:
-    problems = [dict(index=i, prompt=r["prompt"], greedy_completion=text,
+    problems = [dict(index=int(r["index"]), prompt=r["prompt"], greedy_completion=text,
                      greedy_correct=_json_value(float(g)),
                      sample_correct=[_json_value(float(x)) for x in row])
-                for i, (r, text, g, row) in enumerate(zip(
-                  records, evaluation.greedy_texts, evaluation.greedy_correct,
-                  evaluation.sample_correct))]
+                for r, text, g, row in zip(records, evaluation.greedy_texts,
+                                           evaluation.greedy_correct, evaluation.sample_correct)]
     report = dict(metrics={k: _json_value(v) for k, v in evaluation.metrics.items()},
                   settings=settings, problems=problems)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
