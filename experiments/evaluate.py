@@ -65,7 +65,7 @@ _SYSTEM_PROMPT = flags.DEFINE_string("system_prompt", None, "With the chat templ
                                      "the run's config.system_prompt).", flag_values=FLAGS)
 _CHAT_TEMPLATE_KWARGS = flags.DEFINE_string(
   "chat_template_kwargs", "", "The template's switches as JSON, e.g. '{\"enable_thinking\": "
-  "false}' (default: the run's).", flag_values=FLAGS)
+  "true}' (default: the run's, else the configs' default, thinking off).", flag_values=FLAGS)
 _SPLIT = flags.DEFINE_string("split", "test", "The task split.", flag_values=FLAGS)
 _NUM_EXAMPLES = flags.DEFINE_integer(
   "num_examples", 0, "Problems 0 … N−1 of the split (0: the run's config.eval_examples, else "
@@ -147,7 +147,8 @@ def _task(config, tokenizer):
   try:
     knobs = json.loads(_TASK_KNOBS.value) if _TASK_KNOBS.value else {}
     template_kwargs = (json.loads(_CHAT_TEMPLATE_KWARGS.value) if _CHAT_TEMPLATE_KWARGS.value
-                       else config.get("chat_template_kwargs") or {})
+                       else config.get("chat_template_kwargs")
+                       or base_configs.grpo_base().chat_template_kwargs.to_dict())
   except json.JSONDecodeError as e:
     raise app.UsageError(f"--task_knobs / --chat_template_kwargs is not JSON: {e}") from None
   name = _TASK.value or config.get("task", "")

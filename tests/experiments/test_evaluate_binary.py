@@ -102,4 +102,6 @@ def test_chat_template_renders_the_prompts(tmp_path):
             "--num_examples=1", "--max_new_tokens=4", f"--output={out}")
   report = json.loads(out.read_text())
   assert report["settings"]["chat_template"] is True
-  assert report["problems"][0]["prompt"].rstrip().endswith("<|im_start|>assistant")
+  # Thinking off by default (the configs' chat_template_kwargs): an empty <think> block.
+  assert report["problems"][0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+  assert report["settings"]["chat_template_kwargs"] == {"enable_thinking": False}
