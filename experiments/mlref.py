@@ -117,6 +117,7 @@ def main(argv):
                   "weights": [float(w) for w in cand.weights if w]}
           line.update(adapter.curves_to_json({k: rec[k] for k in
                                               ("score", "per_seed_score", "performance")}))
+          line["dropped_modules"] = int(rec["dropped"].sum())  # failed or non-finite in PPO
           with open(cand_path, "a") as f:
             f.write(json.dumps(line) + "\n")
 

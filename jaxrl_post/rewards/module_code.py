@@ -17,8 +17,12 @@ comprehensions, lambdas, `if`, `with`, `try`, f-strings, starred arguments or ke
 Control flow is deliberately absent: under `jit` it must be `jnp.where` anyway. Without loops,
 `if` and data-dependent Python, the Python-level work of a module is the same on every call, so
 the separate-process test-run (`sandbox.vet_modules`) bounds it (e.g. an `9 ** 9 ** 9` int bomb
-times out there and never reaches the trainer). Array cost scales with the inputs only: shape
-constructors and newaxis indexing are not allowed, so no op can square the batch size.
+times out there and never reaches the trainer). Shape constructors (`zeros`, `tile`, `repeat`,
+`outer`, `kron`, `einsum`, `broadcast_to`) and newaxis indexing are not allowed, but the allowed
+ops still grow arrays: `jnp.concatenate` / `jnp.stack` of repeated operands, broadcasting of
+stacked size-1 axes, and `jnp.dot` of two batched arrays, which keeps both batch axes
+(`[B, d] . [B, d, k] -> [B, B, k]`). The allow-list bounds what code can *name*, not what it
+costs; `sandbox.vet_modules` bounds the cost per sample at the trainer's batch.
 
 This module never executes code except in `compile_module`, which only runs code that passed
 `validate_module_code`, with no usable builtins.

@@ -196,10 +196,13 @@ class RewardOutput(NamedTuple):
     terms: `[K, *batch]` the (neutralised) module outputs m_k; log their per-epoch means as the
       module reward curves for the correlation credit.
     nonfinite: `[K]` int32, how many entries of each m_k were NaN/inf and replaced by 0.
+    failed: `[K]` int32, 1 where m_k raised when traced (or returned something that is not a
+      floating array of the batch shape) and was replaced by zeros (see `build_reward_fn`).
   """
   reward: jax.Array
   terms: jax.Array
   nonfinite: jax.Array
+  failed: jax.Array
 
 
 def compose_reward(terms: jax.Array, weights: jax.Array) -> jax.Array:
@@ -222,9 +225,68 @@ def compose_reward(terms: jax.Array, weights: jax.Array) -> jax.Array:
   return jnp.tensordot(weights, terms, axes=1)
 
 
+class PoolRewardFn:
+  """The composed reward of `build_reward_fn`: `reward_fn(features, weights) -> RewardOutput`.
+
+  Attributes:
+    names: the K module names, in the order of `weights`.
+    failures: module name → why it failed (filled at trace / compile time, in the trainer's
+      process); such a module contributes zeros and `RewardOutput.failed` marks it.
+  """
+
+  def __init__(self, names: Sequence[str], fns: Sequence[Callable | None],
+               feature_spec: Mapping[str, tuple[int, ...]], clip: float | None, guard: bool,
+               failures: dict[str, str]):
+    self.names = tuple(names)
+    self.failures = failures
+    self._fns, self._spec, self._clip, self._guard = list(fns), dict(feature_spec), clip, guard
+
+  def _term(self, k: int, features, batch_shape, dtype):
+    """m_k(features) as `[*batch]` `dtype`, or None if it fails (and `guard` is on)."""
+    fn = self._fns[k]
+    if fn is None:
+      return None
+    try:
+      out = fn(features)
+      if not jnp.issubdtype(jnp.result_type(out), jnp.floating):
+        raise TypeError(f"output dtype {jnp.result_type(out)}; need a floating dtype")
+      return jnp.broadcast_to(jnp.asarray(out, dtype), batch_shape)
+    except Exception as e:  # noqa: BLE001 - any failure of proposed code drops that module.
+      if not self._guard:
+        raise
+      self.failures.setdefault(self.names[k], f"{type(e).__name__}: {e}"[:300])
+      return None
+
+  def __call__(self, features: Mapping[str, jax.Array], weights: jax.Array) -> RewardOutput:
+    name0, shape0 = next(iter(self._spec.items()))
+    x0 = jnp.asarray(features[name0])
+    batch_shape = x0.shape[:x0.ndim - len(shape0)]
+    dtype = jnp.result_type(x0.dtype, jnp.float32)
+    weights = jnp.asarray(weights, dtype)
+    if weights.shape != (len(self._fns),):
+      raise ValueError(f"weights shape {weights.shape} != ({len(self._fns)},)")
+    if not self._fns:
+      zero = jnp.zeros(batch_shape, dtype)
+      empty = jnp.zeros((0,), jnp.int32)
+      return RewardOutput(zero, jnp.zeros((0,) + batch_shape, dtype), empty, empty)
+    terms, bad, failed = [], [], []
+    for k in range(len(self._fns)):
+      out = self._term(k, features, batch_shape, dtype)
+      failed.append(out is None)
+      out = jnp.zeros(batch_shape, dtype) if out is None else out
+      finite = jnp.isfinite(out)
+      bad.append(jnp.sum(~finite).astype(jnp.int32))
+      out = jnp.where(finite, out, 0.0)
+      if self._clip is not None:
+        out = jnp.clip(out, -self._clip, self._clip)
+      terms.append(out)
+    terms = jnp.stack(terms)
+    return RewardOutput(compose_reward(terms, weights), terms, jnp.stack(bad),
+                        jnp.asarray(failed, jnp.int32))
+
+
 def build_reward_fn(modules: Sequence[ModuleSpec], feature_spec: Mapping[str, Sequence[int]], *,
-                    clip: float | None = None) -> Callable[[Mapping[str, jax.Array], jax.Array],
-                                                           RewardOutput]:
+                    clip: float | None = None, guard: bool = True) -> PoolRewardFn:
   """Compiles modules into one jittable `reward_fn(features, weights) -> RewardOutput`.
 
   Only pass modules that passed `sandbox.vet_modules` (a `PoolState` only holds such modules):
@@ -234,44 +296,39 @@ def build_reward_fn(modules: Sequence[ModuleSpec], feature_spec: Mapping[str, Se
   counted (neutralisation of NaN/inf at run time — PROPOSAL, the paper does not say), and, if
   `clip` is given, clipped to [−clip, clip]. Then R = Σ_k w_k m_k (`compose_reward`).
 
+  With `guard` (default), a module that raises when compiled or traced at the trainer's shapes
+  (e.g. shapes that worked at the vetting batch only), or returns a non-floating or
+  non-broadcastable value, contributes zeros, is marked in `RewardOutput.failed` and its reason
+  kept in `reward_fn.failures`, so one bad module does not end the run; the trainer drops it
+  (`rl_control.ppo`, metric `pool/dropped_modules`). What no guard can catch is a process abort:
+  an allocation beyond the machine's memory ends in `std::bad_alloc` inside XLA, which Python never
+  sees. That is why `sandbox.vet_modules` bounds each module's size and cost per sample at the
+  trainer's batch before it enters the pool.
+
   Args:
     modules: K modules, in the order of `weights`.
     feature_spec: feature name → per-sample shape; fixes the batch shape of the inputs.
     clip: optional bound on |m_k|.
+    guard: replace failing modules by zeros (True) or let their exception through (False).
 
   Returns:
-    `reward_fn(features, weights)`, with `features` a dict of `[*batch, *shape]` arrays (extra
-    keys are ignored) and `weights` `[K]`. Pure; use inside `jax.jit`.
+    A `PoolRewardFn` `reward_fn(features, weights)`, with `features` a dict of
+    `[*batch, *shape]` arrays (extra keys are ignored) and `weights` `[K]`. Pure; use inside
+    `jax.jit`.
   """
   feature_spec = {k: tuple(int(d) for d in v) for k, v in feature_spec.items()}
-  fns = [module_code.compile_module(m.code, feature_spec.keys()) for m in modules]
   if not feature_spec:
     raise ValueError("feature_spec must name at least one feature")
-
-  def reward_fn(features: Mapping[str, jax.Array], weights: jax.Array) -> RewardOutput:
-    name0, shape0 = next(iter(feature_spec.items()))
-    x0 = jnp.asarray(features[name0])
-    batch_shape = x0.shape[:x0.ndim - len(shape0)]
-    dtype = jnp.result_type(x0.dtype, jnp.float32)
-    weights = jnp.asarray(weights, dtype)
-    if weights.shape != (len(fns),):
-      raise ValueError(f"weights shape {weights.shape} != ({len(fns)},)")
-    if not fns:
-      zero = jnp.zeros(batch_shape, dtype)
-      return RewardOutput(zero, jnp.zeros((0,) + batch_shape, dtype), jnp.zeros((0,), jnp.int32))
-    terms, bad = [], []
-    for fn in fns:
-      out = jnp.broadcast_to(jnp.asarray(fn(features), dtype), batch_shape)
-      finite = jnp.isfinite(out)
-      bad.append(jnp.sum(~finite).astype(jnp.int32))
-      out = jnp.where(finite, out, 0.0)
-      if clip is not None:
-        out = jnp.clip(out, -clip, clip)
-      terms.append(out)
-    terms = jnp.stack(terms)
-    return RewardOutput(compose_reward(terms, weights), terms, jnp.stack(bad))
-
-  return reward_fn
+  fns, failures = [], {}
+  for m in modules:
+    try:
+      fns.append(module_code.compile_module(m.code, feature_spec.keys()))
+    except Exception as e:  # noqa: BLE001 - as in `PoolRewardFn._term`.
+      if not guard:
+        raise
+      failures[m.name] = f"{type(e).__name__}: {e}"[:300]
+      fns.append(None)
+  return PoolRewardFn([m.name for m in modules], fns, feature_spec, clip, guard, failures)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,25 @@
 """Separate-process test-runs of proposed reward-module code (MLREF, arXiv 2608.18827).
 
 Proposed module code never runs unvetted in the trainer's process. `vet_modules` first checks the
-code statically (`module_code.validate_module_code`, an AST allow-list), then test-runs it in a
-child process under `run_sandboxed`: `jax.jit` on random and all-zero features of the declared
-shapes, requiring a finite float output of shape `[batch]`. Only code that passes both gates may
-enter the pool; everything else comes back as a rejected `Verdict` with the reason.
+code statically (`module_code.validate_module_code`, an AST allow-list), then, in a child process
+under `run_sandboxed` (`_sandbox_harness.py`), bounds what it *costs per sample* at the trainer's
+batch before running it at all, and finally test-runs it:
+
+1. growth: the jaxpr at batch 1 and at `VetConfig.eval_batch` (abstract inputs, nothing
+   materialised) may not hold an array of more than `L` elements per sample,
+   `L = max(max_growth · d_max, growth_floor)` with `d_max` the largest per-sample feature size;
+2. cost: XLA's `memory_analysis()` (argument + output + temp bytes) and `cost_analysis()` (flops)
+   of the module compiled for `eval_batch`, per sample, against `max_bytes_per_sample` and
+   `max_flops_per_sample`;
+3. test-run: `jax.jit` semantics on random and all-zero features `[VetConfig.batch, *shape]`,
+   requiring a finite float output of shape `[batch]`.
+
+Only code that passes every gate may enter the pool; everything else comes back as a rejected
+`Verdict` whose reason names the measured value and the budget. Why (1) and (2): the allow-list
+bounds the *shape* of the output, not the work in between: a 23-line module that doubles an `(8,)`
+feature 20 times with `jnp.concatenate` and sums it back passes a test-run at batch 4 (128 MB) and
+then needs 64 GB at the trainer's batch of 2,048, and such an out-of-memory abort
+(`std::bad_alloc`) kills the trainer's process: it cannot be caught there, only prevented here.
 
 `run_sandboxed` runs a Python program in a fresh temporary directory with (see
 `_sandbox_boot.py` for the details and the reasons):
@@ -27,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -310,52 +326,99 @@ class Verdict:
   Attributes:
     ok: the code may enter the pool.
     reason: why it was rejected ("" when ok).
-    stage: "validate" (static allow-list), "test-run" (sandboxed execution) or "ok".
+    stage: "validate" (static allow-list), "growth" (an intermediate too large per sample),
+      "cost" (compiled bytes / flops per sample over budget), "test-run" (sandboxed execution)
+      or "ok".
+    cost: what the sandbox measured, as far as it got: "growth_elems_per_sample" (largest
+      intermediate), "bytes_per_sample", "flops_per_sample", "bytes_accessed_per_sample" (at
+      `VetConfig.eval_batch`); empty for verdicts from the static check.
   """
   ok: bool
   reason: str = ""
   stage: str = "ok"
+  cost: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   def to_json(self) -> dict:
-    return dataclasses.asdict(self)
+    return {"ok": self.ok, "reason": self.reason, "stage": self.stage, "cost": dict(self.cost)}
 
   @classmethod
   def from_json(cls, d: Mapping) -> Verdict:
-    return cls(bool(d["ok"]), str(d.get("reason", "")), str(d.get("stage", "ok")))
+    return cls(bool(d["ok"]), str(d.get("reason", "")), str(d.get("stage", "ok")),
+               {str(k): float(v) for k, v in (d.get("cost") or {}).items()})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VetConfig:
-  """How modules are test-run.
+  """How modules are vetted (see the module docstring for the checks).
+
+  Budget defaults, from the legitimate modules of the repository (the offline proposer's
+  templates, `tests/rewards` examples, the monolithic fusion of five templates) measured with
+  this harness at `eval_batch=2048` on XLA:CPU (`tests/rewards/test_sandbox_cost.py` prints them):
+  at most 16 elements of growth, 80 bytes and 63 flops per sample (a `jnp.stack` of 16 scalars;
+  the templates: 8-36 bytes, 2-19 flops; a fused six-term module: 28 bytes, 35 flops). The
+  budgets sit 64x (growth, against the 1,024-element floor) to 200x above that and far below the
+  issue's doubling module (8.4M elements, 32 MB per sample).
 
   Attributes:
-    batch: batch size of the sample features.
+    batch: batch size of the test-run's sample features.
     seed: seed of the random sample features.
+    eval_batch: batch the cost is measured at: 2,048 = one rollout of MLREF's brax config
+      (`configs/mlref_brax.py`: 32 envs x 64 steps), the batch the issue's module crashed on. PPO
+      (`rl_control.ppo`) calls the reward per step on `[seeds, num_envs]` (64 there), so
+      per-sample costs at 2,048 bound the real ones and batch-quadratic intermediates show.
+    max_growth: K, the largest intermediate may hold K x the largest per-sample feature size
+      elements per sample (legitimate modules: ≤ 1x; `jnp.stack` of 16 scalars: 16 elements).
+    growth_floor: lower bound on that limit in elements per sample (scalar-only tasks).
+    max_bytes_per_sample: budget on (argument + output + temp bytes) / eval_batch of the module
+      compiled for eval_batch.
+    max_flops_per_sample: budget on (flops + transcendentals) / eval_batch.
     startup_s: wall / CPU allowance for the child to start and import JAX.
-    per_module_s: wall / CPU allowance per module (jit compile + two calls).
+    per_module_s: wall / CPU allowance per module (growth trace, one compile, two test calls).
     memory_bytes: address-space limit of the child (JAX needs ≥ ~3 GiB).
     namespaces: passed to `run_sandboxed`.
     root: where the temporary directories go.
   """
   batch: int = 4
   seed: int = 0
+  eval_batch: int = 2048
+  max_growth: int = 64
+  growth_floor: int = 1024
+  max_bytes_per_sample: float = 16384.0
+  max_flops_per_sample: float = 16384.0
   startup_s: float = 60.0
   per_module_s: float = 20.0
   memory_bytes: int = 4 << 30
   namespaces: Namespaces = "auto"
   root: str | None = None
 
+  def __post_init__(self):
+    for name in ("batch", "eval_batch", "max_growth", "growth_floor"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"VetConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+    for name in ("max_bytes_per_sample", "max_flops_per_sample"):
+      if not float(getattr(self, name)) > 0:
+        raise ValueError(f"VetConfig.{name} must be > 0, got {getattr(self, name)!r}")
+
+
+# Part of every cache key: verdicts of an older set of checks (before the cost bound) are not
+# reused. Budgets are not part of it: a cache is meant for one configuration.
+VET_RULES = "growth+cost-v1"
+
 
 def code_key(code: str, feature_spec: Mapping[str, Sequence[int]]) -> str:
-  """Cache key of a vetting verdict: the code and the feature shapes it was run on."""
+  """Cache key of a vetting verdict: the checks' version, the code and the feature shapes."""
   spec = json.dumps({k: list(v) for k, v in sorted(feature_spec.items())})
-  return hashlib.sha256((spec + "\0" + code).encode()).hexdigest()[:32]
+  return hashlib.sha256((VET_RULES + "\0" + spec + "\0" + code).encode()).hexdigest()[:32]
 
 
 def vet_modules(codes: Sequence[str], feature_spec: Mapping[str, Sequence[int]], *,
                 config: VetConfig = VetConfig(),
                 cache: MutableMapping[str, Verdict] | None = None) -> list[Verdict]:
-  """Validates and test-runs module code; one verdict per entry of `codes`.
+  """Validates, bounds the cost per sample of, and test-runs module code; one verdict per code.
+
+  The growth and cost checks (see the module docstring and `VetConfig`) run at
+  `config.eval_batch` on abstract inputs before the test-run at `config.batch`, so a module that
+  would exhaust the trainer's memory is rejected without ever being run big.
 
   All modules of a call share one sandboxed child (one JAX start-up); a module that kills or
   hangs the child is rejected with that reason and the remaining ones run in a fresh child.
@@ -396,7 +459,10 @@ def _run_harness(todo: list[dict], feature_spec, config: VetConfig):
   budget = config.startup_s + config.per_module_s * len(todo)
   limits = SandboxLimits(cpu_s=budget, wall_s=budget, memory_bytes=config.memory_bytes)
   payload = {"nonce": nonce, "modules": todo, "features": feature_spec, "batch": config.batch,
-             "seed": config.seed}
+             "seed": config.seed, "eval_batch": config.eval_batch,
+             "max_growth": config.max_growth, "growth_floor": config.growth_floor,
+             "max_bytes_per_sample": config.max_bytes_per_sample,
+             "max_flops_per_sample": config.max_flops_per_sample}
   with open(_HARNESS) as f:
     harness = f.read()
   prefix = nonce + " "
@@ -422,8 +488,12 @@ def _run_harness(todo: list[dict], feature_spec, config: VetConfig):
     if msg.get("event") == "start":
       started = msg["key"]
     elif msg.get("event") == "result" and msg.get("key") in {m["key"] for m in todo}:
+      # Finite numbers only: verdicts are saved in the JSON state (`allow_nan=False`).
+      cost = {str(k): float(v) for k, v in (msg.get("cost") or {}).items()
+              if isinstance(v, (int, float)) and math.isfinite(v)}
       verdicts[msg["key"]] = Verdict(bool(msg["ok"]), str(msg.get("reason", ""))[:500],
-                                     "ok" if msg["ok"] else "test-run")
+                                     "ok" if msg["ok"] else str(msg.get("stage") or "test-run"),
+                                     cost)
       started = None
   rest = [m for m in todo if m["key"] not in verdicts]
   if not rest:

@@ -57,7 +57,8 @@ def make_train_fn(task: ControlTask, config: ppo.PPOConfig, seeds, *, score_wind
     score_window: S_v = mean fitness over the last this-many updates.
     clip: bound on |m_k| (keeps one wild module from swamping PPO's value targets).
     on_result: called with `(candidate, record)` after each run (for logging); `record` holds
-      score, `performance [U]`, `per_seed_score [S]`, `module_curves`.
+      score, `performance [U]`, `per_seed_score [S]`, `module_curves`, `nonfinite [K]` and
+      `dropped [K]` (seeds that dropped each module: it failed or went non-finite).
     fast_compile: see `ppo.train_seeds`.
 
   Returns:
@@ -77,7 +78,9 @@ def make_train_fn(task: ControlTask, config: ppo.PPOConfig, seeds, *, score_wind
     if on_result is not None:
       on_result(cand, {"score": score, "performance": perf,
                        "per_seed_score": fitness[:, -w:].mean(1), "module_curves": curves,
-                       "nonfinite": m["module_nonfinite"].sum((0, 1))})
+                       "nonfinite": m["module_nonfinite"].sum((0, 1)),
+                       # Per module: how many seeds dropped it (it failed or went non-finite).
+                       "dropped": m["module_dropped"][:, -1].sum(0)})
     return TrainResult(score=score, performance=perf, module_curves=curves)
 
   return train_fn

@@ -233,6 +233,10 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
         `normalize_reward`) / environment reward.
       module_terms: `[U, K]` mean module output m_k (the curves of the correlation credit).
       module_nonfinite: `[U, K]` NaN/inf outputs of m_k neutralised to 0.
+      module_dropped: `[U, K]` 1 once m_k is dropped for the rest of the run: it failed when
+        traced (`RewardOutput.failed`) or produced a NaN/inf; its weight is 0 from the next step
+        on, so one bad module does not end or poison the run. pool/dropped_modules: `[U]` their
+        count.
       loss, actor_loss, value_loss, entropy: means over the update's minibatches.
     With `normalize_obs`, the result also holds `obs_norm`: the final
     `normalization.RunningMeanStd` (`[O]` mean / var), without which `params` cannot be
@@ -261,18 +265,20 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
                      optax.adam(lr_schedule if cfg.anneal_lr else cfg.lr, eps=1e-5))
     opt_state = tx.init(params)
     ep_ret = jnp.zeros((cfg.num_envs,), jnp.float32)
-    # (obs stats, reward stats); None (no leaves) when off, so the default program is unchanged.
+    # (obs stats, reward stats, live-module mask [K]); None (no leaves) when off, so the default
+    # program is unchanged.
     # The carried `obs` stays raw: it is normalised where the networks read it, with the stats
     # that already include it (updated on receipt, as purejaxrl's wrapper does).
     norm = (normalization.obs_init(obs) if cfg.normalize_obs else None,
-            normalization.reward_init(cfg.num_envs) if cfg.normalize_reward else None)
+            normalization.reward_init(cfg.num_envs) if cfg.normalize_reward else None,
+            None if reward_fn is None or weights is None else jnp.ones(jnp.shape(weights), bool))
 
     def policy_input(obs_norm, obs):
       return obs if obs_norm is None else normalization.obs_normalize(obs_norm, obs)
 
     def env_step(carry, _):
       params, env_state, obs, ep_ret, norm, rng = carry
-      obs_norm, rew_norm = norm
+      obs_norm, rew_norm, live = norm
       rng, k_act, k_env = jax.random.split(rng, 3)
       pi_obs = policy_input(obs_norm, obs)
       pi, value = net.apply(params, pi_obs)
@@ -290,8 +296,11 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
       else:
         # Features of the *terminal* next state, not of the auto-reset one.
         feats = transition_features(task, obs, act, info, term)  # Raw obs.
-        out = reward_fn(feats, weights)
+        out = reward_fn(feats, weights if live is None else jnp.where(live, weights, 0.0))
         r, terms, bad = out.reward, jnp.mean(out.terms, axis=-1), out.nonfinite
+        failed = getattr(out, "failed", None)
+        if live is not None:  # A module that failed or went non-finite is dropped for the run.
+          live = live & (bad == 0) & (True if failed is None else failed == 0)
       # Fitness: the raw env reward of the policy being trained (it acts on normalised obs), so
       # the normalisation needs nothing more at evaluation; the env reward is never normalised.
       ep_ret = ep_ret + env_r
@@ -307,7 +316,7 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
       tr = Transition(done.astype(jnp.float32), action, value, cfg.reward_scale * learn_r, logp,
                       pi_obs)
       stats = (finished.sum(), done.sum(), jnp.mean(r), jnp.mean(env_r), terms, bad)
-      return (params, env_state, next_obs, ep_ret, (obs_norm, rew_norm), rng), (tr, stats)
+      return (params, env_state, next_obs, ep_ret, (obs_norm, rew_norm, live), rng), (tr, stats)
 
     def loss_fn(params, mb: Transition, adv, targets):
       pi, value = net.apply(params, mb.obs)
@@ -353,9 +362,12 @@ def make_train(config: PPOConfig, task: ControlTask, env_params=None,
       n = n_done.sum()
       fit = jnp.where(n > 0, ret_sum.sum() / jnp.maximum(n, 1), last_fit)
       loss, a_loss, v_loss, ent = (jnp.mean(x) for x in losses)
+      dropped = (jnp.zeros(terms.shape[1:], jnp.int32) if norm[2] is None else
+                 (~norm[2]).astype(jnp.int32))
       metrics = {"fitness": fit, "episodes": n, "learn_reward": learn_r.mean(),
                  "env_reward": env_r.mean(), "module_terms": terms.mean(0),
                  "module_nonfinite": bad.sum(0), "loss": loss, "actor_loss": a_loss,
+                 "module_dropped": dropped, "pool/dropped_modules": dropped.sum(),
                  "value_loss": v_loss, "entropy": ent}
       return (params, opt_state, env_state, obs, ep_ret, norm, fit, rng), metrics
 
