@@ -13,21 +13,15 @@ from huggingface_hub import errors
 
 from jaxrl_post import hub
 from jaxrl_post import tokenizers as tk
-from jaxrl_post.standin import END_OF_TURN, PAD_TOKEN, stage_in_hub_cache, write_standin_checkpoint
+from jaxrl_post.standin import END_OF_TURN, PAD_TOKEN
 
 REPO = "Qwen/Qwen3-0.6B"
 
 
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory):
-  return write_standin_checkpoint(tmp_path_factory.mktemp("standin") / "qwen3")
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory, standin):
-  """A Hub cache holding the stand-in as `REPO` (main = commit 000…0); returns (cache, snapshot)."""
-  cache_dir = tmp_path_factory.mktemp("hub")
-  return cache_dir, stage_in_hub_cache(standin, REPO, cache_dir=cache_dir)
+def cache(staged_hub):
+  """The stand-in staged as `REPO` (tests/conftest.py): (cache, snapshot)."""
+  return staged_hub
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.sft import SFT
 from jaxrl_post.models import default_positions
 from jaxrl_post.models.hf import load_hf
-from jaxrl_post.standin import write_standin_checkpoint
 from jaxrl_post.training import loop
 from jaxrl_post.training.export import export_run, parse_size
 from jaxrl_post.training.run_dir import load_run
@@ -37,11 +36,6 @@ def _sft_config(**changes):
   config.optimizer.warmup_steps = 0  # The one update moves the parameters.
   config.update(changes)
   return config
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory):
-  return write_standin_checkpoint(tmp_path_factory.mktemp("standin") / "qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -13,17 +13,12 @@ from jaxrl_post import tokenizers as tk
 from jaxrl_post.models.hf import load_hf
 from jaxrl_post.sampling.rollout import FINISH_NAMES
 from jaxrl_post.sampling.sampler import Sampler
-from jaxrl_post.standin import END_OF_TURN, PAD_TOKEN, write_standin_checkpoint
+from jaxrl_post.standin import END_OF_TURN, PAD_TOKEN
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tasks.chat import ChatTask
 from jaxrl_post.tasks.data import prepare_task_dataset
 
 SYSTEM = "Please reason step by step, and put your final answer after ####."
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory):
-  return write_standin_checkpoint(tmp_path_factory.mktemp("standin") / "qwen3")
 
 
 @pytest.fixture(scope="module")

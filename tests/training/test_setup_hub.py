@@ -13,7 +13,6 @@ from flax import nnx
 
 from jaxrl_post import tokenizers
 from jaxrl_post.models.hf import load_hf
-from jaxrl_post.standin import stage_in_hub_cache, write_standin_checkpoint
 from jaxrl_post.tasks.chat import ChatTask
 from jaxrl_post.training import base_configs
 from jaxrl_post.training import setup as run_setup
@@ -22,14 +21,8 @@ REPO = "Qwen/Qwen3-0.6B"
 
 
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory):
-  return write_standin_checkpoint(tmp_path_factory.mktemp("standin") / "qwen3")
-
-
-@pytest.fixture(scope="module")
-def staged(tmp_path_factory, standin):
-  cache_dir = tmp_path_factory.mktemp("hub")
-  return cache_dir, stage_in_hub_cache(standin, REPO, cache_dir=cache_dir)
+def staged(staged_hub):
+  return staged_hub
 
 
 @pytest.fixture
