@@ -64,15 +64,22 @@ QWEN3_STYLE_TEMPLATE = (
 )
 
 
+_NAMES = ("Ann", "Bob", "Chen", "Dana", "Eli", "Fay")
+_THINGS = ("apples", "books", "coins", "marbles", "pens", "cards")
+
+
+def _sum_problem(rng: random.Random, high: int) -> tuple[int, int, str, str]:
+  """Two addends in [2, high), a name and a thing: one word problem's draws."""
+  a, b = rng.randrange(2, high), rng.randrange(2, high)
+  return a, b, rng.choice(_NAMES), rng.choice(_THINGS)
+
+
 def maths_corpus(lines: int = 400, seed: int = 0) -> list[str]:
   """Synthetic word problems, worked solutions and boxed answers (what the BPE is trained on)."""
   rng = random.Random(seed)
-  names = ["Ann", "Bob", "Chen", "Dana", "Eli", "Fay"]
-  things = ["apples", "books", "coins", "marbles", "pens", "cards"]
   out = []
   for _ in range(lines):
-    a, b = rng.randrange(2, 200), rng.randrange(2, 200)
-    who, what = rng.choice(names), rng.choice(things)
+    a, b, who, what = _sum_problem(rng, 200)
     out.append(f"{who} has {a} {what} and buys {b} more. How many {what} does {who} have now?")
     out.append(f"{who} has {a} + {b} = {a + b} {what}.\n#### {a + b}")
     out.append(f"Compute $\\frac{{{a}}}{{{b}}} + {a}$. The answer is $\\boxed{{{a + b}}}$.")
@@ -83,12 +90,9 @@ def maths_corpus(lines: int = 400, seed: int = 0) -> list[str]:
 def gsm8k_rows(count: int, seed: int = 0) -> list[dict[str, str]]:
   """`count` GSM8K-shaped rows: a word problem and a worked solution ending in `#### <n>`."""
   rng = random.Random(seed)
-  names = ["Ann", "Bob", "Chen", "Dana", "Eli", "Fay"]
-  things = ["apples", "books", "coins", "marbles", "pens", "cards"]
   rows = []
   for _ in range(count):
-    a, b = rng.randrange(2, 60), rng.randrange(2, 60)
-    who, what = rng.choice(names), rng.choice(things)
+    a, b, who, what = _sum_problem(rng, 60)
     rows.append({
       "question": f"{who} has {a} {what} and buys {b} more. How many {what} does {who} have?",
       "answer": f"{who} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} {what}.\n#### {a + b}",
