@@ -2,9 +2,13 @@
 
 * `outcome`: the group-relative estimators over one scalar reward per rollout (GRPO,
   batch-std, Dr.GRPO, RLOO), named in `ADVANTAGES`.
+* `reinforce_pp`: REINFORCE++ and REINFORCE++-baseline (arXiv 2501.03262), whitened over the
+  batch, also in `ADVANTAGES` ("reinforce_pp", "reinforce_pp_baseline").
 * `step_credit`: one advantage per step of a multi-turn rollout, `[B, G, S]`, named in
   `STEP_CREDIT` — `draco` (rubric citations, arXiv 2609.04094), `temporal_grpo` (stage-aligned,
   arXiv 2608.13026), `factor` (TD action credit, arXiv 2608.07118) — and `steps_to_tokens`.
+* `gae`: per-token GAE advantages and λ-returns against a learned critic (PPO, arXiv
+  1506.02438), outcome rewards placed on the last token, and batch whitening.
 * `wmrl`: world-model rewards made usable (arXiv 2608.12564): an isotonic calibrator on anchor
   pairs (`REWARD_CALIBRATORS`), inverse-variance anchor weights, and their advantages.
 """
@@ -17,6 +21,11 @@ from jaxrl_post.advantages.factor import GroupReturnStats as GroupReturnStats
 from jaxrl_post.advantages.factor import factor_td_credit as factor_td_credit
 from jaxrl_post.advantages.factor import group_return_stats as group_return_stats
 from jaxrl_post.advantages.factor import interpolated_values as interpolated_values
+from jaxrl_post.advantages.gae import GAEOutput as GAEOutput
+from jaxrl_post.advantages.gae import gae_advantages as gae_advantages
+from jaxrl_post.advantages.gae import last_token_mask as last_token_mask
+from jaxrl_post.advantages.gae import outcome_token_rewards as outcome_token_rewards
+from jaxrl_post.advantages.gae import whiten as whiten
 from jaxrl_post.advantages.outcome import ADVANTAGES as ADVANTAGES
 from jaxrl_post.advantages.outcome import STD_MODES as STD_MODES
 from jaxrl_post.advantages.outcome import CombinedRewards as CombinedRewards
@@ -26,6 +35,12 @@ from jaxrl_post.advantages.outcome import contiguous_group_ids as contiguous_gro
 from jaxrl_post.advantages.outcome import drgrpo_advantages as drgrpo_advantages
 from jaxrl_post.advantages.outcome import group_advantages as group_advantages
 from jaxrl_post.advantages.outcome import rloo_advantages as rloo_advantages
+from jaxrl_post.advantages.reinforce_pp import (
+  reinforce_pp_advantages as reinforce_pp_advantages,
+)
+from jaxrl_post.advantages.reinforce_pp import (
+  reinforce_pp_baseline_advantages as reinforce_pp_baseline_advantages,
+)
 from jaxrl_post.advantages.step_credit import STEP_CREDIT as STEP_CREDIT
 from jaxrl_post.advantages.step_credit import steps_to_tokens as steps_to_tokens
 from jaxrl_post.advantages.temporal_grpo import TemporalGRPOAdvantages as TemporalGRPOAdvantages

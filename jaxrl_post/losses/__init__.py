@@ -160,3 +160,6 @@ from jaxrl_post.losses.tv_opd import tv_estimate as tv_estimate
 from jaxrl_post.losses.tv_opd import tv_opd_advance as tv_opd_advance
 from jaxrl_post.losses.tv_opd import tv_opd_advantages as tv_opd_advantages
 from jaxrl_post.losses.tv_opd import tv_opd_commit as tv_opd_commit
+from jaxrl_post.losses.value import ValueLossAux as ValueLossAux
+from jaxrl_post.losses.value import explained_variance as explained_variance
+from jaxrl_post.losses.value import value_loss as value_loss

@@ -19,6 +19,7 @@ the order they run:
   rubric         methods.rubric_evolution  CARE's evolving rubric rewards (replace the verifier's)
   intervention   methods.interventions     RAIL's bandit-chosen extra rollouts (enlarged groups)
   task_prior     methods.task_priors       TrajVal's learnability prior, RAPO's risk buckets
+  critic         methods.critic            PPO's value model: per-token GAE advantages, its updates
   sample_scale   methods.sample_scale      RAPO's per-prompt loss scale
   replay         methods.group_replay      Headroom-Drift replay and its baselines
   regularizer    methods.cokl_regularizer  CoKL's correctness-conditioned KL
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 from jaxrl_post.methods import (
   cokl_regularizer,
   control_regularizer,
+  critic,
   group_replay,
   interventions,
   rubric_evolution,
@@ -61,6 +63,8 @@ def build_step_parts(config, task) -> dict[str, Any]:
     "rubric": rubric_evolution.build_rubric_evolution(config, task),
     "intervention": interventions.build_interventions(config),
     "task_prior": task_priors.build_task_prior(config, task),
+    # Before the scale: RAPO's per-prompt λ then rescales the critic's per-token advantages.
+    "critic": critic.build_critic(config),
     "sample_scale": sample_scale.build_sample_scale(config),
     "replay": group_replay.build_group_replay(config),
     "regularizer": cokl_regularizer.build_regularizer(config),

@@ -6,6 +6,8 @@ light tools do not pay for JAX):
 * `module_pool`: module specs, the persistent pool, the composed reward R = Σ w_k m_k, hybrid
   credit (arXiv 2608.18827), merge with rollback.
 * `credit`: the pure credit / selection maths (re-exported by `module_pool`).
+* `overlong`: DAPO's overlong reward shaping (arXiv 2503.14476), the "overlong" column of
+  `config.reward_weights`.
 * `module_code`: the AST allow-list for proposed module code.
 * `sandbox`: the separate-process test-run of proposed code.
 * `llm_client`, `prompts`, `proposers`: the LLM (OpenAI-compatible) and offline proposers.
