@@ -47,7 +47,8 @@ def compile_sizes(config) -> dict:
   The update compiles one PPO mini-batch (`prompts_per_step × group_size / ppo_mini_batches`
   rows, split into `num_micro_batches`) of `prompt_len + max_new_tokens` tokens; the sampler
   decodes the step's rollouts (`prompts_per_step × group_size` rows). Unset run options
-  (`scan_layers`, `remat_policy`, ...) stay the preset's.
+  (`scan_layers`, `remat_policy`, ...) stay the preset's. A `config.lora` block with rank > 0
+  gives the LoRA update (`lora_rank`, `lora_alpha`, `lora_targets`).
 
   Raises:
     ValueError: naming the config key whose rows do not divide.
@@ -77,4 +78,8 @@ def compile_sizes(config) -> dict:
     values["logit_chunk_size"] = config.logit_chunk_size
   if config.get("attention_impl"):
     values["attention_impl"] = config.attention_impl
+  lora = config.get("lora")
+  if lora and lora.get("rank", 0):
+    values.update(lora_rank=int(lora.rank), lora_alpha=float(lora.alpha),
+                  lora_targets=list(lora.targets))
   return values

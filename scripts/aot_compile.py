@@ -9,6 +9,8 @@ r"""Compiles the GRPO update and the sampler's prefill and decode for a preset a
       --param_dtype=bfloat16 --dtype=bfloat16 --batch=16 --prompt_len=256 --completion_len=768 \
       --moments_dtype=params --remat_policy=full --logit_chunk_size=128   # docs/benchmarks.md
   python scripts/aot_compile.py --config=configs/grpo_gsm8k.py:model=qwen3_8b,mesh=gpu8
+  python scripts/aot_compile.py --config=configs/grpo_gsm8k.py:model=qwen3_8b,mesh=gpu8 \
+      --config.lora.rank=64 --skip=prefill,decode_step     # LoRA: adapters trained, base frozen
 
 With `--config`, an experiment config (a GRPO-family binary's) gives every size instead of the
 flags: the preset (`config.model`), dtypes and run options, the mesh (`config.mesh` over
@@ -40,7 +42,11 @@ real figure.
 The train step is `make_train_step` (forward + backward + clipped AdamW) with
 the GRPO loss, as `experiments/grpo.py` runs it (float32 Adam moments unless
 `--moments_dtype=params`; the preset's scan / remat / logit-chunk / attention
-settings unless a flag overrides them); the prefill is `kernels.prefill` of
+settings unless a flag overrides them). With `--lora_rank` > 0 (or `config.lora.rank`)
+it is the LoRA step: adapters (`--lora_targets`) are the trained state, the base is
+the frozen input (`make_train_step(frozen=...)`); `params_bytes` / `opt_state_bytes`
+are then the adapters' and `frozen_bytes` the base's. The sampler's programs run the
+base graph either way (a LoRA run samples with merged kernels). The prefill is `kernels.prefill` of
 `--sample_batch` prompts, and the decode step the sampler's `kernels.decode`
 loop over `--max_new_tokens` tokens.
 """
@@ -60,7 +66,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxrl_post.benchmarking import compile_sizes
-from jaxrl_post.models import CausalLM, get_model_config, subspace
+from jaxrl_post.models import CausalLM, LoraParam, add_lora, get_model_config, subspace
+from jaxrl_post.models.lora import DEFAULT_TARGETS
 from jaxrl_post.parallel import axes
 from jaxrl_post.parallel import mesh as mesh_lib
 from jaxrl_post.parallel.axes import axis_rules, logical_sharding, state_shardings
@@ -100,6 +107,12 @@ _GCPO_K = flags.DEFINE_integer(
   "gcpo_k", 0, "> 0: chain GCPO's update projection (protected rank k) after AdamW, as "
   "config.update_constraint does (models.subspace.gcpo_projection).")
 _SKIP = flags.DEFINE_list("skip", [], "Programs to skip: train_step, prefill, decode_step.")
+_LORA_RANK = flags.DEFINE_integer(
+  "lora_rank", 0, "> 0: the LoRA train step (adapters of this rank trained, base frozen), as "
+  "config.lora does (models.lora).")
+_LORA_ALPHA = flags.DEFINE_float("lora_alpha", 16.0, "LoRA scale numerator (scale = alpha/rank).")
+_LORA_TARGETS = flags.DEFINE_list("lora_targets", list(DEFAULT_TARGETS),
+                                  "Projections that get adapters.")
 _ATTENTION = flags.DEFINE_string(
   "attention_impl", "", "Attention kernel (default: the preset's, 'auto').")
 _CHUNK = flags.DEFINE_integer(
@@ -165,7 +178,18 @@ def _batch_struct(mesh, rules, shape, dtype):
 
 
 def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:
-  """Lowers and compiles one GRPO update against abstract, sharded inputs."""
+  """Lowers and compiles one GRPO update against abstract, sharded inputs (with
+  `--lora_rank`, the update of adapters on the frozen base)."""
+  frozen = None
+  if _LORA_RANK.value:
+    def make():
+      model = CausalLM(model_config, rngs=nnx.Rngs(0))
+      return add_lora(model, rank=_LORA_RANK.value, alpha=_LORA_ALPHA.value,
+                      targets=tuple(_LORA_TARGETS.value), rngs=nnx.Rngs(1))
+
+    graphdef, abstract_params, abstract_frozen = nnx.split(nnx.eval_shape(make), LoraParam, ...)
+    frozen_shardings = state_shardings(abstract_frozen, mesh, rules)
+    frozen = _abstract(abstract_frozen, frozen_shardings)
   stages = [optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0)]
   if _GCPO_K.value > 0:
     stages.append(run_setup.update_constraint(ml_collections.ConfigDict(dict(
@@ -199,14 +223,18 @@ def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> d
     num_sequences=jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated))
   step = make_train_step(graphdef, make_policy_loss(policy_loss="grpo"), optimizer,
                          num_micro_batches=_MICRO.value, mesh=mesh, rules=rules,
-                         shared=("num_tokens", "num_sequences"))
+                         shared=("num_tokens", "num_sequences"), frozen=frozen)
   compiled, times = _compile(step, state, batch)
+  lora = {}
+  if frozen is not None:
+    lora = dict(lora_rank=_LORA_RANK.value, lora_targets=list(_LORA_TARGETS.value),
+                frozen_bytes=_bytes_per_device(abstract_frozen, frozen_shardings))
   return dict(
     what="train_step", **times,
     params_bytes=_bytes_per_device(abstract_state.params, shardings.params),
     opt_state_bytes=_bytes_per_device(abstract_state.opt_state, shardings.opt_state),
     **_memory(compiled), batch=b, tokens_per_row=p + t, num_micro_batches=_MICRO.value,
-    moments_dtype=_MOMENTS.value, gcpo_k=_GCPO_K.value)
+    moments_dtype=_MOMENTS.value, gcpo_k=_GCPO_K.value, **lora)
 
 
 def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:

@@ -8,7 +8,8 @@ Writes config.json, safetensors (sharded above --max_shard_size, with an index),
 files of the run's tokenizer and generation_config.json (jaxrl_post/training/export.py). A run
 on the character tokenizer exports the model alone, with a warning. The checkpoint may come
 from any mesh: the parameters are read into this process's first device, tensor by tensor
-when written.
+when written. A LoRA run (`config.lora.rank` > 0; its checkpoints hold adapters only) exports
+merged weights, K + s·a·b, on its base's architecture (`training.run_dir.load_run`).
 
 Then:
 

@@ -23,6 +23,9 @@ Layout choices (measured on XLA:CPU, see docs/benchmarks.md):
     grow with depth (real presets).
   * `config.remat_policy` wraps each layer call in `jax.checkpoint` in both
     paths (`REMAT_POLICIES`).
+  * Every projection adds its low-rank adapters when `models.lora.add_lora`
+    attached some (`with_lora`: x·K + s·(x·a)·b, unmerged); without adapters
+    the model runs exactly as before.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_post.models.dense import dense
+from jaxrl_post.models.lora import with_lora
 from jaxrl_post.models.model_config import ModelConfig, rope_inverse_frequencies
 from jaxrl_post.parallel import axes
 from jaxrl_post.parallel.axes import constrain
@@ -461,8 +465,10 @@ class Attention(nnx.Module):
     else:
       self.q_norm = self.k_norm = None
 
-  def _project(self, x, kernel, bias):
-    y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(x.dtype))
+  def _project(self, x, name, bias):
+    """x `[b, t, d]` through kernel `name` (`[d, heads, head_dim]`), its adapters if any, bias."""
+    y = jnp.einsum("btd,dnh->btnh", x, getattr(self, name)[...].astype(x.dtype))
+    y = with_lora(self, name, x, y)
     return y if bias is None else y + bias[...].astype(x.dtype)
 
   def _attend(self, q, k, v, mask, scale, cached=False):
@@ -500,9 +506,9 @@ class Attention(nnx.Module):
     scan shares its program with RoPE layers).
     Returns `(out [b, t, d], (k, v) or None)`."""
     c = self.config
-    q = self._project(x, self.q_proj, self.q_bias)
-    k = self._project(x, self.k_proj, self.k_bias)
-    v = self._project(x, self.v_proj, self.v_bias)
+    q = self._project(x, "q_proj", self.q_bias)
+    k = self._project(x, "k_proj", self.k_bias)
+    v = self._project(x, "v_proj", self.v_bias)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     use_rope = self.use_rope if use_rope is None else use_rope
@@ -538,7 +544,8 @@ class Attention(nnx.Module):
     else:
       new_kv = None
       out = self._attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale)
-    out = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
+    out = with_lora(self, "o_proj", out,
+                    jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype)))
     if self.o_bias is not None:
       out = out + self.o_bias[...].astype(x.dtype)
     return out, new_kv
@@ -559,16 +566,16 @@ class MLP(nnx.Module):
     else:
       self.gate_bias = self.up_bias = self.down_bias = None
 
-  @staticmethod
-  def _dense(x, kernel, bias):
-    y = dense(x, kernel[...].astype(x.dtype))
+  def _dense(self, x, name, bias):
+    """x through kernel `name` (`[d_in, d_out]`), its adapters if any, and the bias."""
+    y = with_lora(self, name, x, dense(x, getattr(self, name)[...].astype(x.dtype)))
     return y if bias is None else y + bias[...].astype(x.dtype)
 
   def __call__(self, x):
-    gate = self._dense(x, self.gate_proj, self.gate_bias)
-    up = self._dense(x, self.up_proj, self.up_bias)
+    gate = self._dense(x, "gate_proj", self.gate_bias)
+    up = self._dense(x, "up_proj", self.up_bias)
     hidden = constrain(jax.nn.silu(gate) * up, (axes.BATCH, axes.LENGTH, axes.MLP))
-    return self._dense(hidden, self.down_proj, self.down_bias)
+    return self._dense(hidden, "down_proj", self.down_bias)
 
 
 class DecoderLayer(nnx.Module):

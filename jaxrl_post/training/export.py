@@ -16,6 +16,11 @@ A run on a character tokenizer (`config.tokenizer="char"`) has no Hugging Face t
 files: the model is exported alone, with a warning (`ExportReport.tokenizer_exported` False).
 Parameters are read as `training.run_dir.load_run` reads them — into one device's memory by
 default, whatever mesh the run trained on — and written one tensor at a time.
+
+A LoRA run (`config.lora.rank` > 0, whose checkpoints hold adapters only) exports *merged*
+weights (`run_dir.load_run`): its base is rebuilt as the run built it, the checkpoint's
+adapters are attached, and every targeted kernel becomes K + s·a·b (`models.lora.merge_lora`),
+so the directory is a plain model of the base architecture.
 """
 
 from __future__ import annotations
@@ -193,3 +198,5 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
                         source_dir=source_dir, overwrite=overwrite)
   log.info("exported %s step %d to %s", workdir, run.step, out)
   return report._replace(step=run.step)
+
+

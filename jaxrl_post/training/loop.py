@@ -18,7 +18,11 @@ Order at start-up, and why:
   1. `jax.distributed`, then the meshes (`config.mesh`): a mesh that does not fit the devices
      fails before anything is built, naming the `config.mesh.*` key.
   2. `method.build_model(run)`: validates the method's config and builds the policy on the
-     trainer's mesh.
+     trainer's mesh. With `config.lora.rank` > 0 (methods with `supports_lora = True`), low-rank
+     adapters are attached to it (`models.lora.add_lora`): the train state then holds the
+     adapters alone (and their optimizer state; checkpoints too), and the base parameters are
+     `run.frozen`, restored from an `init_from` run directory's full parameters when the run
+     starts from one, and rebuilt the same way when it resumes.
   3. The optimizer (`config.optimizer`, decayed over `steps × method.updates_per_step`
      updates) and the train state, born sharded.
   4. The run's *starting point* is restored (`init_from` / `resume`), then
@@ -40,6 +44,7 @@ orbax, metrics through a local staging copy, see `training.metrics`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +58,7 @@ from etils import epath
 from flax import nnx
 from ml_collections import config_flags
 
+from jaxrl_post.models.lora import LoraParam, add_lora, check_lora_options
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import Placement, make_placement, maybe_initialize_distributed
 from jaxrl_post.training import setup as run_setup
@@ -76,7 +82,11 @@ class Run:
     writer: the metric writer (set before the first evaluation).
     optimizer: the optax transformation of the train state (set before `method.start`).
     graphdef: the policy's `nnx` graph definition (`nnx.merge(graphdef, state.params)` is the
-      model; set before `method.start`).
+      model; set before `method.start`). In a LoRA run, the graph of
+      `nnx.split(model, LoraParam, ...)`: the model is `nnx.merge(graphdef, state.params,
+      frozen)`.
+    frozen: a LoRA run's base parameters (`nnx.State`, on the trainer's mesh), which the train
+      state does not hold; None otherwise.
   """
 
   config: Any
@@ -86,6 +96,7 @@ class Run:
   writer: MetricWriter | None = None
   optimizer: Any = None
   graphdef: Any = None
+  frozen: Any = None
 
   @property
   def train_mesh(self):
@@ -128,6 +139,8 @@ class Method(Protocol):
     progress(record) -> dict[str, float]: values for the progress bar.
     done(step) -> bool: stop after this step although `config.steps` is not reached (a token
       budget spent, say); the loop evaluates and checkpoints as at the last step.
+    close() -> None: releases what `start` started (a producer thread); called once the steps
+      end, normally or by an exception.
   """
 
   name: str
@@ -154,6 +167,58 @@ def check_finite(record: Mapping[str, Any], step: int, limit: int) -> None:
   if streak >= limit:
     raise RuntimeError(f"{int(streak)} updates in a row had a non-finite loss or gradient "
                        f"(step {step}); stopping (config.max_nonfinite_streak={limit})")
+
+
+def lora_rank(config, method: Method) -> int:
+  """`config.lora.rank` (0 when the config has no `lora` block), validated with its
+  `alpha` and `targets`.
+
+  Raises:
+    ValueError: naming `config.lora.*` (`models.lora.check_lora_options`), or rank > 0 for a
+      method without `supports_lora`.
+  """
+  lora = config.get("lora")
+  if not lora or not lora.get("rank", 0):
+    return 0
+  check_lora_options(lora.rank, lora.get("alpha", 16.0), tuple(lora.get("targets", ())))
+  if not getattr(method, "supports_lora", False):
+    raise ValueError(f"config.lora.rank={lora.rank}: method {method.name!r} does not support "
+                     "LoRA (no `supports_lora`); set config.lora.rank=0 for full fine-tuning")
+  return int(lora.rank)
+
+
+def _restore_frozen_base(start: StartPoint, frozen):
+  """A LoRA run's base parameters from an `init_from` run directory's full parameters.
+
+  Raises:
+    ValueError: naming `config.init_from` when the checkpoint lacks them (e.g. a LoRA run's,
+      which holds adapters only; orbax's partial restore leaves such leaves abstract).
+  """
+  problem = None
+  try:
+    restored = Checkpointer(start.path).restore_params(start.step, frozen)
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    problem = str(e)
+  else:
+    missing = [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_flatten_with_path(
+      restored)[0] if isinstance(x, jax.ShapeDtypeStruct)]
+    if not missing:
+      return restored
+    problem = f"missing {', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}"
+  raise ValueError(
+    f"config.init_from={str(start.path)!r}: a LoRA run takes its frozen base from the full "
+    f"parameters of that checkpoint, which it lacks ({problem}); a LoRA run's own checkpoint "
+    "holds adapters only: export it merged (scripts/export_hf.py) and init_from the export")
+
+
+@contextlib.contextmanager
+def _closing(method: Method):
+  """Calls the method's optional `close()` (background threads, pools) however the steps end."""
+  try:
+    yield
+  finally:
+    if hasattr(method, "close"):
+      method.close()
 
 
 def _due(step: int, every: int, last: bool) -> bool:
@@ -187,19 +252,34 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
             start=run_setup.start_point(config, workdir))
 
   # ---- Model, optimizer, train state (validated before anything compiles) ----
+  rank = lora_rank(config, method)
   model = method.build_model(run)
-  logging.info("%s: start %s; model %.2fM parameters", method.name, run.start.kind,
-               sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) / 1e6)
+  if rank:
+    add_lora(model, rank=rank, alpha=config.lora.alpha, targets=tuple(config.lora.targets),
+             rngs=nnx.Rngs(params=jax.random.fold_in(jax.random.key(config.seed), rank)))
+  logging.info("%s: start %s; model %.2fM parameters, %.2fM trained", method.name,
+               run.start.kind, _millions(nnx.state(model, nnx.Param)),
+               _millions(nnx.state(model, LoraParam if rank else nnx.Param)))
   run.optimizer = run_setup.build_optimizer(config, config.steps * method.updates_per_step)
   state = create_train_state(model, run.optimizer, jax.random.key(config.seed),
-                             mesh=placement.train_mesh, rules=placement.train_rules)
-  run.graphdef = nnx.split(model)[0]
+                             mesh=placement.train_mesh, rules=placement.train_rules,
+                             trainable=LoraParam if rank else nnx.Param)
+  if rank:
+    run.graphdef, _, run.frozen = nnx.split(model, LoraParam, ...)
+  else:
+    run.graphdef = nnx.split(model)[0]
 
   # ---- The starting point, the method's set-up, then this workdir's checkpoint ----
   checkpointer = Checkpointer(run_setup.checkpoint_dir(workdir),
                               max_to_keep=config.keep_checkpoints)
   initial = run_setup.start_point(config, workdir, ignore_workdir=True)
-  state, extra = run_setup.restore(initial, checkpointer, state)
+  if rank and initial.kind == "init_from_checkpoint":
+    # The checkpoint's full parameters are the frozen base's; the adapters start fresh.
+    run.frozen = _restore_frozen_base(initial, run.frozen)
+    nnx.update(model, run.frozen)  # the model (samplers' graphs) holds the same arrays
+    extra = {}
+  else:
+    state, extra = run_setup.restore(initial, checkpointer, state)
   method.start(run, state)
   if run.start.kind == "workdir":
     state, extra = run_setup.restore(run.start, checkpointer, state)
@@ -235,7 +315,7 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
   limit = config.max_nonfinite_streak
   done = getattr(method, "done", lambda step: False)
   progress = getattr(method, "progress", lambda record: {})
-  with multihost.peer_failures_are_fatal(f"{method.name} training"):
+  with multihost.peer_failures_are_fatal(f"{method.name} training"), _closing(method):
     if first_step == 0 and config.get("eval_at_start", True):
       evaluate(0)
     # A run whose method was done before the restart (its budget spent) has nothing left.
@@ -272,6 +352,10 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
     if line:
       print(line)
   return state
+
+
+def _millions(state) -> float:
+  return sum(x.size for x in jax.tree.leaves(state)) / 1e6
 
 
 def eval_summary(records: Sequence[Mapping[str, Any]], key: str, label: str) -> str:

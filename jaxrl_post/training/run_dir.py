@@ -18,13 +18,15 @@ import json
 import os
 from typing import Any, NamedTuple
 
+import jax
 import ml_collections
 from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_post.models import CausalLM
-from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules
+from jaxrl_post.models.lora import LoraParam, add_lora, merge_lora, without_lora
+from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, state_shardings
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer, as_path
 from jaxrl_post.training.metrics import CONFIG_FILE
@@ -93,6 +95,9 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, mesh: Mesh 
       `setup.build_model` builds it on a mesh) and the checkpoint's arrays are read into
       those shardings, whatever mesh the run itself had.
 
+  A LoRA run (`config.lora.rank` > 0) loads as one merged model with the base architecture:
+  its base as the run built it, plus the checkpoint's adapters merged into the kernels.
+
   Raises:
     FileNotFoundError: no config.json, or no checkpoint.
     ValueError: `step` has no checkpoint (the message lists those there are), or the
@@ -106,10 +111,41 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, mesh: Mesh 
   # Hugging Face checkpoint it was initialised from.
   first = run_setup.start_point(config, str(workdir), ignore_workdir=True)
   model = run_setup.build_model(config, tokenizer, first, mesh, rules)
-  checkpointer = Checkpointer(run_setup.checkpoint_dir(str(workdir)), async_save=False)
+  lora = config.get("lora") or {}
+  if lora.get("rank", 0):
+    model = _merged_lora_model(model, config, workdir, step, first, mesh, rules)
+  else:
+    nnx.update(model, _restore(run_setup.checkpoint_dir(str(workdir)), step,
+                               nnx.state(model, nnx.Param)))
+  return LoadedRun(workdir, config, step, model, tokenizer)
+
+
+def _merged_lora_model(model, config, workdir, step, first, mesh, rules):
+  """A LoRA run's policy as one merged model (the base graph, K ← K + s·a·b).
+
+  The base is built as the run built it (`model`: a preset or `config.init_from`'s Hugging
+  Face weights; for an `init_from` run directory, that checkpoint's full parameters, as
+  `training.loop` restores them); adapters of `config.lora`'s rank and targets are attached
+  and replaced by checkpoint `step`'s, then merged into the targeted kernels.
+  """
+  if first.kind == "init_from_checkpoint":
+    nnx.update(model, _restore(first.path, first.step, nnx.state(model, nnx.Param)))
+  # Initial adapter values do not matter (the checkpoint's replace them): only the shapes.
+  lora = config.lora
+  add_lora(model, rank=int(lora["rank"]), alpha=float(lora["alpha"]),
+           targets=tuple(lora["targets"]), rngs=nnx.Rngs(0))
+  adapters = nnx.state(model, LoraParam)
+  if mesh is not None:
+    adapters = jax.device_put(adapters, state_shardings(adapters, mesh, rules))
+  nnx.update(model, _restore(run_setup.checkpoint_dir(str(workdir)), step, adapters))
+  merged = without_lora(model)
+  nnx.update(merged, merge_lora(nnx.state(model)))
+  return merged
+
+
+def _restore(directory, step, like):
+  checkpointer = Checkpointer(directory, async_save=False)
   try:
-    params = checkpointer.restore_params(step, nnx.state(model, nnx.Param))
+    return checkpointer.restore_params(step, like)
   finally:
     checkpointer.close()
-  nnx.update(model, params)
-  return LoadedRun(workdir, config, step, model, tokenizer)

@@ -54,14 +54,18 @@ class TrainState:
 
 def create_train_state(model: nnx.Module, optimizer: optax.GradientTransformation,
                        rng: jax.Array, *, mesh: Mesh | None = None,
-                       rules: Rules = DEFAULT_RULES) -> TrainState:
+                       rules: Rules = DEFAULT_RULES, trainable: Any = nnx.Param) -> TrainState:
   """Builds the train state from `model`'s parameters; sharded when `mesh` is given.
 
   Shapes first (`jax.eval_shape`), then shardings from the parameters'
   logical axes, then one jitted initialiser with those `out_shardings`: the
   optimizer state is born sharded like the parameters it mirrors.
+
+  `trainable`: an `nnx` filter of the variables the state trains (its `params`, and the only
+  ones the optimizer keeps state for). `models.lora.LoraParam` trains the adapters alone; the
+  rest of the model is then the frozen input of `make_train_step(frozen=...)`.
   """
-  params = nnx.state(model, nnx.Param)
+  params = nnx.state(model, trainable)
 
   def init(params):
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -123,11 +127,12 @@ def _split_micro_batches(batch, num_micro_batches: int):
 
 def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransformation, *,
                     num_micro_batches: int = 1, mesh: Mesh | None = None,
-                    rules: Rules = DEFAULT_RULES, shared: Any = None):
+                    rules: Rules = DEFAULT_RULES, shared: Any = None, frozen: Any = None):
   """A jitted `(state, batch) -> (state, metrics)` with the state donated.
 
   Args:
-    graphdef: `nnx.split(model)[0]`.
+    graphdef: `nnx.split(model)[0]`; with `frozen`, the graph of
+      `nnx.split(model, trainable, ...)` (`graphdef, state.params, frozen`).
     loss_fn: `(model, micro_batch) -> (loss, aux dict)`, additive over
       micro-batches (see the module docstring).
     optimizer: optax transformation.
@@ -135,6 +140,11 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
       split into this many consecutive chunks, scanned with summed gradients.
     mesh, rules: activation sharding context inside the step.
     shared: optional keys of `batch` that are not split (global scalars).
+    frozen: optional state of the variables the step does not train (a LoRA run's base
+      model): the model is `nnx.merge(graphdef, state.params, frozen)`, and only
+      `state.params` are differentiated. It is an argument of the jitted
+      `(state, batch, frozen)` (neither donated nor a compile-time constant), closed over by
+      the returned `(state, batch)` function, whose `lower(state, batch)` lowers it.
 
   Returns:
     The step. Metrics: `loss`, the summed aux, `grad_norm`, `param_norm`,
@@ -143,13 +153,14 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
   """
   shared = tuple(shared or ())
 
-  def loss_of_params(params, micro_batch):
-    model = nnx.merge(graphdef, params)
+  def loss_of_params(params, micro_batch, frozen):
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     return loss_fn(model, micro_batch)
 
+  # Only argument 0 (the trainable params) is differentiated: no gradient of a frozen kernel.
   grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
 
-  def step(state: TrainState, batch):
+  def step(state: TrainState, batch, frozen=None):
     context = axis_rules(mesh, rules) if mesh is not None else _nullcontext()
     with context:
       common = {k: batch[k] for k in shared}
@@ -157,13 +168,14 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
                                    num_micro_batches)
 
       def accumulate(carry, micro_batch):
-        (loss, aux), grads = grad_fn(state.params, micro_batch | common)
+        (loss, aux), grads = grad_fn(state.params, micro_batch | common, frozen)
         total_loss, total_aux, total_grads = carry
         return (total_loss + loss, jax.tree.map(jnp.add, total_aux, aux),
                 jax.tree.map(lambda t, g: t + g.astype(t.dtype), total_grads, grads)), None
 
       first = jax.tree.map(lambda x: x[0], split)
-      abstract_aux = jax.eval_shape(lambda p: loss_of_params(p, first | common)[1], state.params)
+      abstract_aux = jax.eval_shape(lambda p: loss_of_params(p, first | common, frozen)[1],
+                                    state.params)
       # Gradients of bf16 parameters are summed in float32 (one rounding at the
       # end, not one per micro-batch).
       zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
@@ -203,7 +215,15 @@ def make_train_step(graphdef, loss_fn: Callable, optimizer: optax.GradientTransf
                      skipped=(~finite).astype(jnp.int32), nonfinite_streak=streak)
       return new_state, metrics
 
-  return jax.jit(step, donate_argnums=(0,))
+  jitted = jax.jit(step, donate_argnums=(0,))
+  if frozen is None:
+    return jitted
+
+  def step_with_frozen(state: TrainState, batch):
+    return jitted(state, batch, frozen)
+
+  step_with_frozen.lower = lambda state, batch: jitted.lower(state, batch, frozen)
+  return step_with_frozen
 
 
 class _nullcontext:
