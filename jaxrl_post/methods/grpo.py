@@ -25,17 +25,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from flax import nnx
 
 from jaxrl_post import advantages as advantages_lib
-from jaxrl_post.methods import step_parts
+from jaxrl_post.methods import group_source, step_parts
+from jaxrl_post.models.lora import merge_adapters, without_lora
 from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.parallel.reshard import reshard_state
+from jaxrl_post.rewards.overlong import overlong_penalty, overlong_window
 from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler, rollout_metrics
 from jaxrl_post.tasks import data as task_data
 from jaxrl_post.tasks.base import get_task
-from jaxrl_post.training import loop, ppo
+from jaxrl_post.training import async_rollouts, loop, ppo
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.evaluation import evaluate
 from jaxrl_post.training.metrics import write_eval_outcomes
@@ -66,15 +69,29 @@ class PolicyObjective(NamedTuple):
   reward_weights: jax.Array  # float32[len(reward_names)]
 
 
+# `config.loss` keys of the sampler-mismatch correction (`losses.sampler_importance_weights`).
+SAMPLER_CORRECTION_KEYS = ("sampler_correction", "sampler_level", "sampler_min", "sampler_max")
+
+
+def uses_sampler_correction(config) -> bool:
+  """Whether `config.loss.sampler_correction` asks for TIS / IcePop on the sampler's log-probs
+  (absent or "none": no)."""
+  return config.loss.get("sampler_correction", "none") != "none"
+
+
 def policy_objective(config, **loss_extra) -> PolicyObjective:
   """`config.loss` / `config.advantage` / `config.reward_weights` → a `PolicyObjective`.
 
   Checked here, before anything compiles: the loss and advantage names (a ValueError naming
-  the config keys) and that `ppo_mini_batches × num_micro_batches` divides the step's
-  `prompts_per_step × group_size` rollouts. `loss_extra` goes to `make_policy_loss` (e.g. a
-  method's `logits_transform`).
+  the config keys), that `ppo_mini_batches × num_micro_batches` divides the step's
+  `prompts_per_step × group_size` rollouts, and the reward names of `config.reward_weights`
+  ("correct", "format", "overlong", the columns `verify_groups` fills; "overlong" also needs a
+  valid `config.overlong`, `rewards.overlong`).
+  `loss_extra` goes to `make_policy_loss` (e.g. a method's `logits_transform`).
   """
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
+  if not uses_sampler_correction(config):  # the loss's own defaults: no correction
+    loss_kwargs = {k: v for k, v in loss_kwargs.items() if k not in SAMPLER_CORRECTION_KEYS}
   # Dr.GRPO's fixed denominator is the generation budget, not the (trimmed) width.
   loss_kwargs.setdefault("max_tokens", config.max_new_tokens)
   try:
@@ -89,6 +106,13 @@ def policy_objective(config, **loss_extra) -> PolicyObjective:
                      f"config.num_micro_batches ({config.num_micro_batches}) must divide the "
                      f"{rollouts} rollouts per step (prompts_per_step × group_size)")
   names = list(config.reward_weights)
+  columns = ("correct", "format", "overlong")
+  unknown = [k for k in names if k not in columns]
+  if unknown or not names:
+    raise ValueError(f"config.reward_weights={dict(config.reward_weights)}: unknown reward(s) "
+                     f"{unknown}; valid names: {', '.join(columns)} (at least one)")
+  if "overlong" in names:
+    overlong_window(config)  # a missing or bad config.overlong fails here, not mid-run
   weights = jnp.asarray([config.reward_weights[k] for k in names], jnp.float32)
   return PolicyObjective(loss_fn, advantage_fn, names, weights)
 
@@ -238,8 +262,18 @@ class TaskEvaluator:
     self.temperature, self.timeout_s = temperature, timeout_s
 
   def sampler_params(self, params):
+    """`(params in the sampler's layout, seconds)`; a LoRA run's adapters merged into the
+    frozen base first (`models.lora.merge_adapters`): the sampler runs the base graph, so it
+    decodes as fast as the base model."""
     placement = self.run.placement
-    return reshard_state(params, placement.sample_mesh, placement.sample_rules)
+    frozen = getattr(self.run, "frozen", None)
+    merge_s = 0.0
+    if frozen is not None:
+      tic = time.perf_counter()
+      params = jax.block_until_ready(merge_adapters(params, frozen))
+      merge_s = time.perf_counter() - tic
+    params, seconds = reshard_state(params, placement.sample_mesh, placement.sample_rules)
+    return params, seconds + merge_s
 
   def __call__(self, params, step: int) -> dict[str, float]:
     params = self.sampler_params(params)[0]
@@ -280,14 +314,20 @@ def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn, *,
   layout: `old_logp` then comes from the same parameters and sharding as the update's forward
   pass (the first PPO ratio is 1 up to float noise), and `rollout/logp_*` measure the
   sampler / trainer mismatch they are meant to.
+
+  In a LoRA run (`run.frozen` set) the step trains the adapters against the frozen base, the
+  scorer runs the adapted graph (the update's forward: adapters + `run.frozen`), and the
+  sampler the base graph with merged kernels (`TaskEvaluator.sampler_params`).
   """
   placement = run.placement
+  frozen = getattr(run, "frozen", None)
   step_fn = make_train_step(run.graphdef, loss_fn, run.optimizer,
                             num_micro_batches=config.num_micro_batches,
                             mesh=run.train_mesh, rules=run.train_rules,
-                            shared=("num_tokens", "num_sequences", *shared))
-  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len,
-                    mesh=placement.sample_mesh, rules=placement.sample_rules)
+                            shared=("num_tokens", "num_sequences", *shared), frozen=frozen)
+  sampler = Sampler(model if frozen is None else without_lora(model), tokenizer,
+                    max_prompt_len=config.prompt_len, mesh=placement.sample_mesh,
+                    rules=placement.sample_rules)
   scorer = Sampler(model, tokenizer, max_prompt_len=config.prompt_len, mesh=run.train_mesh,
                    rules=run.train_rules)
   evaluator = TaskEvaluator(run, task, sampler, max_new_tokens=config.max_new_tokens,
@@ -323,20 +363,50 @@ class Verified(NamedTuple):
   format: np.ndarray  # float32[rows]
   failures: Any  # `rewards.verifiers.rewards_for`'s error / time-out counts
   adv: jax.Array  # [rows] the advantage estimator's output
+  rewards: Any = None  # float32[rows, len(reward_names)] `reward_matrix`, before weighting
+
+
+def reward_matrix(objective: PolicyObjective, correct, fmt, config, *, lengths=None
+                  ) -> np.ndarray:
+  """`float32[rows, len(objective.reward_names)]`: one column per reward name.
+
+  "correct" and "format" are the verifier's, "overlong" DAPO's length penalty of `lengths`
+  (`[rows]` completion lengths, e.g. the completion mask summed; needed only then) over the
+  window of `config.overlong` (`rewards.overlong`). A row whose verifier failed (NaN) gets NaN
+  there too, so it stays a row without reward instead of one scored by its length alone.
+  """
+  columns = {"correct": correct, "format": fmt}
+  if "overlong" in objective.reward_names:
+    if lengths is None:
+      raise ValueError("config.reward_weights names 'overlong': verify_groups needs the "
+                       "completion lengths (lengths=[rows])")
+    lengths = np.asarray(lengths)
+    if lengths.shape != (len(correct),):
+      raise ValueError(f"verify_groups: lengths has shape {lengths.shape}, expected "
+                       f"({len(correct)},), one per completion")
+    max_len, cache_len = overlong_window(config)
+    penalty = overlong_penalty(lengths, max_len=max_len, cache_len=cache_len)
+    columns["overlong"] = np.where(np.isnan(correct), np.nan, penalty).astype(np.float32)
+  return np.stack([columns[k] for k in objective.reward_names], axis=1)
+
+
+def advantages_of(objective: PolicyObjective, rewards, group_ids, num_groups: int, config):
+  """`[rows]` advantages of a reward matrix (`reward_matrix`) under `objective`."""
+  return objective.advantage_fn(jnp.asarray(rewards), jnp.asarray(group_ids),
+                                num_groups=num_groups, eps=config.advantage_eps,
+                                reward_weights=objective.reward_weights)
 
 
 def verify_groups(objective: PolicyObjective, task, records: Sequence[Mapping[str, Any]],
-                  texts: Sequence[str], group_ids, config) -> Verified:
-  """Verifier rewards of `config.group_size` rows per record (record-major) and the advantage
+                  texts: Sequence[str], group_ids, config, *, lengths=None) -> Verified:
+  """Verifier rewards of `config.group_size` rows per record (record-major), their reward
+  matrix (`reward_matrix`; `lengths` for the "overlong" column) and the advantage
   `objective.advantage_fn` gives them over `group_ids` (`config.reward_weights` weighted)."""
   correct, fmt, failures = rewards_for(task, records, texts, config.group_size,
                                        timeout_s=config.reward_timeout_s)
-  rewards = np.stack([{"correct": correct, "format": fmt}[k] for k in objective.reward_names],
-                     axis=1)
-  adv = objective.advantage_fn(jnp.asarray(rewards), jnp.asarray(group_ids),
-                               num_groups=len(records), eps=config.advantage_eps,
-                               reward_weights=objective.reward_weights)
-  return Verified(correct, fmt, failures, adv)
+  rewards = reward_matrix(objective, correct, fmt, config, lengths=lengths)
+  adv = advantages_of(objective, rewards, group_ids, len(records), config)
+  return Verified(correct, fmt, failures, adv, rewards)
 
 
 def step_record(updates, rollout, old_logp, verified: Verified, completion_mask,
@@ -364,14 +434,17 @@ def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
   The rollout goes to the host first (it may sit on the sampler's devices, or on other
   processes), then onto the trainer's mesh, rows split over its batch axes. Adds
   `time/score` (and `time/reference`) to `timings`. Returns `(batch, old_logp)`, `old_logp`
-  still on the trainer's devices.
+  still on the trainer's devices. In a LoRA run `params` and `reference` are adapters, scored
+  with the frozen base (`run.frozen`) through the adapted graph, the update's own forward.
   """
+  frozen = getattr(runtime.evaluator.run, "frozen", None)
   tic = time.perf_counter()
   batch = ppo.trim_completions(multihost.to_host(dict(
     {k: getattr(rollout, k) for k in ROLLOUT_KEYS}, adv=adv)), config.trim_completions_to)
   inputs = put({k: batch[k] for k in ROLLOUT_KEYS})
 
   def score(p):
+    p = p if frozen is None else nnx.merge_state(p, frozen)
     return runtime.scorer.score(p, **inputs, temperature=config.temperature,
                                 num_micro_batches=config.score_micro_batches).logp
 
@@ -389,11 +462,17 @@ class GRPO:
   """GRPO-family RL on `config.task` (configs/grpo_*.py); a `training.loop.Method`."""
 
   name = "grpo"
+  # `config.lora.rank` > 0 trains adapters on a frozen base (`training.loop`).
+  supports_lora = True
 
   def __init__(self, config):
     self.config = config
     self.updates_per_step = config.ppo_epochs * config.ppo_mini_batches
     self.data_iter = None
+    self.source = None
+    # Checked before anything is built: a bad `config.rollout` fails in seconds.
+    self.rollout_options = async_rollouts.rollout_options(config)
+    self.sampler_correction = uses_sampler_correction(config)
 
   def build_model(self, run: loop.Run):
     config = self.config
@@ -422,7 +501,8 @@ class GRPO:
     self.step_fn, self.sampler, self.scorer, self.evaluator = self.runtime
     # Without a KL term (β = 0, the default) no reference is kept: a frozen copy would cost a
     # whole model of device memory for nothing. It is the starting policy, in the trainer's
-    # layout, also after a restart.
+    # layout, also after a restart. In a LoRA run that copies the starting adapters only
+    # (b = 0): scored with the frozen base, the reference is the base model itself.
     self.reference = (jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None)
     # Which pool tasks each step draws: a shuffled pass, or a part's loader (a task prior).
     loaders = [part.loader for part in self.parts.values() if hasattr(part, "loader")]
@@ -430,15 +510,36 @@ class GRPO:
                       else iter(task_loader(config, self.task, config.prompts_per_step,
                                             self.tokenizer)))
     self.rng = jax.random.key(config.seed + 1)
+    self.source = group_source.build_group_source(
+      self, self.rollout_options, draw=lambda: global_records(self.data_iter),
+      verify=lambda records, texts, group_ids, lengths: verify_groups(
+        self.objective, self.task, records, texts, group_ids, config, lengths=lengths),
+      advantages=lambda rewards, group_ids, num_groups: advantages_of(
+        self.objective, rewards, group_ids, num_groups, config))
     for start in self.hooks("start"):
       start(self, state)
 
+  def policy_params(self, params):
+    """The policy's parameters in the base graph (what a weight sync publishes): a LoRA run's
+    adapters merged into the frozen base (`models.lora.merge_adapters`), else `params`."""
+    frozen = getattr(self.run, "frozen", None)
+    return params if frozen is None else merge_adapters(params, frozen)
+
   def state_dict(self) -> dict[str, Any]:
-    return {"data": self.data_iter.get_state()}
+    if self.source is None:
+      return {"data": self.data_iter.get_state()}
+    return {"data": self.source.data_state(), "source": self.source.state_dict()}
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     if "data" in state:
       self.data_iter.set_state(state["data"])
+    if self.source is not None and "source" in state:
+      self.source.load_state_dict(state["source"])
+
+  def close(self) -> None:
+    """Stops the rollout producer, if any (the loop calls this when the run ends)."""
+    if self.source is not None:
+      self.source.close()
 
   def array_state(self) -> dict[str, Any]:
     return {k: part.array_state() for k, part in self.parts.items()
@@ -460,11 +561,15 @@ class GRPO:
     extra: dict[str, float] = {}
     for begin_step in self.hooks("begin_step"):
       extra |= begin_step(self, state, step)
-    records = global_records(self.data_iter)
-    rollout = self.rollout(state, records, step, timings)
-    texts = self.sampler.decode_text(rollout)
-    verified = verify_groups(self.objective, self.task, records, texts, rollout.group_ids,
-                             config)
+    if self.source is None:
+      records = global_records(self.data_iter)
+      rollout = self.rollout(state, records, step, timings)
+      texts = self.sampler.decode_text(rollout)
+      verified = verify_groups(self.objective, self.task, records, texts, rollout.group_ids,
+                               config, lengths=multihost.to_host(rollout.lengths))
+    else:  # Asynchronous rollouts or dynamic sampling (`methods.group_source`).
+      records, rollout, texts, verified, metrics = self.source.take(state, step, timings)
+      extra |= metrics
     put = functools.partial(put_batch, mesh=run.train_mesh, rules=run.train_rules)
     ctx = step_parts.StepContext(step, records, rollout, verified, {}, put)
     for rewards in self.hooks("rewards"):
@@ -472,6 +577,14 @@ class GRPO:
       ctx, extra = ctx._replace(verified=verified), extra | metrics
     batch, old_logp = score_rollout(self.runtime, config, put, state.params, rollout,
                                     verified.adv, timings, reference=self.reference)
+    if self.sampler_correction:
+      # The sampler's own log-probs, for the TIS / IcePop weights exp(old_logp − sampler_logp)
+      # (`losses.sampler_importance_weights`): off-policy batches and engine mismatch.
+      width = batch["completion_mask"].shape[1]
+      batch["sampler_logp"] = np.asarray(multihost.to_host(rollout.logp))[:, :width]
+    if self.rollout_options.true_on_policy:
+      extra |= group_source.true_on_policy_metrics(
+        rollout, old_logp, batch["completion_mask"], self.rollout_options.true_on_policy_tol)
     ctx = ctx._replace(fresh=batch)
     for transform in self.hooks("transform"):
       batch, metrics = transform(self, state, batch, ctx)
@@ -481,6 +594,8 @@ class GRPO:
       self.step_fn, state, batch, epochs=config.ppo_epochs, mini_batches=config.ppo_mini_batches,
       rng=np.random.default_rng([config.seed, step]), put=put)
     timings["time/update"] = time.perf_counter() - tic
+    if self.source is not None:
+      extra |= self.source.after_update(state, step)
     for after_update in self.hooks("after_update"):
       extra |= after_update(self, ctx)
     record = step_record(updates, rollout, old_logp, verified, ctx.fresh["completion_mask"],

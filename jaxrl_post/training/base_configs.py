@@ -85,6 +85,13 @@ def loop_config(seed: int = 0) -> ml_collections.ConfigDict:
   # unless `profile_all_processes`; `training.profiling`. `--config.profile_steps=10,12`.
   config.profile_steps = ""
   config.profile_all_processes = False
+  # Low-rank adapters (`models.lora`): rank 0 = off (full fine-tuning). With rank r > 0 only the
+  # adapters train (scale alpha / r) on the `targets` projections; the base stays frozen and is
+  # the reference model; checkpoints hold the adapters. For methods with `supports_lora`.
+  # `--config.lora.rank=16 --config.lora.targets="('q_proj','v_proj')"`.
+  config.lora = ml_collections.ConfigDict(dict(
+    rank=0, alpha=16.0,
+    targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")))
   return config
 
 
@@ -163,9 +170,31 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   config.advantage = "grpo"
   config.advantage_eps = 1e-6
   config.reward_weights = dict(correct=1.0, format=0.1)
+  # DAPO's overlong shaping, a reward column when reward_weights names "overlong": 0 up to
+  # max_len − cache_len tokens, linear to −1 at max_len, −1 past it (rewards.overlong).
+  # max_len 0 = max_new_tokens.
+  config.overlong = dict(max_len=0, cache_len=0)
+  # DAPO's dynamic sampling (methods.dynamic_sampling): regenerate until prompts_per_step groups
+  # with unequal rewards are kept, at most max_rounds generation rounds a step (0 = off).
+  config.dynamic_sampling = dict(max_rounds=0)
+  # Where the step's groups are sampled (training.async_rollouts): "sync" (generate, then
+  # update), "one_step_off" (step t+1's batch sampled with θ_{t−1} while step t updates) or
+  # "async" (a producer keeps max_in_flight batches ahead); max_weight_staleness (unset: no
+  # bound) drops or retries (`unused`) older batches; verify_sync compares the sampler's
+  # weights with the trainer's after each sync; true_on_policy fails a step whose sampler
+  # log-probs differ from the trainer's by more than true_on_policy_tol. Off-policy batches
+  # want loss.sampler_correction="truncate" (TIS) or "mask" (IcePop).
+  config.rollout = ml_collections.ConfigDict(dict(
+    mode="sync", max_in_flight=1,
+    max_weight_staleness=ml_collections.config_dict.placeholder(int), unused="drop",
+    verify_sync=False, sync_bucket_mb=512.0, true_on_policy=False, true_on_policy_tol=0.0))
+  # sampler_correction: "none", or "truncate" (TIS) / "mask" (IcePop) of the ratio between the
+  # policy that scored the batch and the sampler's recorded log-probs, per token or sequence
+  # (`losses.sampler_importance_weights`): what an off-policy (asynchronous) batch wants.
   config.loss = ml_collections.ConfigDict(dict(
     name=loss, loss_agg_mode="token-mean", epsilon_low=0.2, epsilon_high=0.28, beta=0.0,
-    kl_estimator="k3"))
+    kl_estimator="k3", sampler_correction="none", sampler_level="token",
+    sampler_min=ml_collections.config_dict.placeholder(float), sampler_max=2.0))
   # 5e-4 collapsed the SFT arithmetic policy within 5 steps (reward 0.79 → 0.2); 5e-5
   # improved it (docs/results.md).
   config.optimizer = optimizer_config(lr=5e-5)

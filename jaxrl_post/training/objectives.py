@@ -62,9 +62,11 @@ def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0,
   `num_sequences`. `loss_kwargs` go to the registered policy loss
   (`jaxrl_post.losses`).
 
-  Optional: `logp_scale` `[batch, time]` in the batch multiplies the current
-  log-probs before the ratio (a modulated ratio, e.g. TRRD's
-  `losses.JointOPDTerms`); `logits_transform` is applied to each logit chunk
+  Optional: `sampler_logp` `[batch, time]` in the batch (the log-probs the sampler recorded)
+  goes to the loss, whose `sampler_correction` then weights tokens by the truncated / masked
+  ratio to the sampling policy (`losses.sampler_importance_weights`); `logp_scale`
+  `[batch, time]` in the batch multiplies the current log-probs before the ratio (a modulated
+  ratio, e.g. TRRD's `losses.JointOPDTerms`); `logits_transform` is applied to each logit chunk
   of the scoring pass with the batch's `transform_keys` arrays as its inputs
   (`sampling.score_hidden`; OPRD's `losses.oprd_transform`).
   """
@@ -78,10 +80,13 @@ def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0,
                          temperature=temperature, logits_transform=logits_transform,
                          transform_inputs=inputs)
     logp = scored.logp if "logp_scale" not in batch else batch["logp_scale"] * scored.logp
+    # The sampler's log-probs, when the batch has them, for the TIS / IcePop correction.
+    sampler = {"sampler_logp": batch["sampler_logp"]} if "sampler_logp" in batch else {}
     value, aux = loss_fn(
       logp, batch["old_logp"], batch["adv"], batch["completion_mask"],
       ref_logp=batch.get("ref_logp"), entropy=jax.lax.stop_gradient(scored.entropy),
-      num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"], **loss_kwargs)
+      num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"], **sampler,
+      **loss_kwargs)
     return value, aux.additive()
 
   return loss

@@ -1,0 +1,265 @@
+"""Where a GRPO-family step's groups come from when they are not simply "generate now".
+
+`GRPO.step` samples `prompts_per_step` prompts × `group_size` completions with the current
+policy. This module builds the two other ways, which share the step's remaining work (the
+PPO phase, the hooks, the metrics):
+
+  * **Asynchronous rollouts** (`config.rollout.mode` "one_step_off" / "async",
+    `training.async_rollouts`): a producer thread generates batches ahead of the trainer
+    with published weight versions; the step takes finished batches from its buffer.
+  * **DAPO's dynamic sampling** (arXiv 2503.14476 §3.2; `config.dynamic_sampling.max_rounds`
+    > 0): a group whose rewards are all equal has zero advantage under a group baseline and
+    only dilutes the batch, so such groups are dropped and more batches are generated until
+    `prompts_per_step` informative groups are kept (extra kept groups of the last batch are
+    discarded, as verl does); after `max_rounds` batches without enough, the step fails.
+
+`GroupSource.take` returns the step's records, rollout (host arrays, record-major), texts and
+verifier outcome exactly as the synchronous step builds them, so everything after is shared.
+With `mode="async"` and `max_in_flight=0` (each batch generated on demand, in the producer's
+thread, with the newest weights) the run equals the synchronous one step for step (tested).
+
+Batches are numbered (`index`, the key `fold_in(rng, index)` of their sampling): without
+dynamic sampling batch t is step t's, the synchronous step's key.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxrl_post.methods import dynamic_sampling
+from jaxrl_post.parallel import multihost
+from jaxrl_post.sampling import Rollout
+from jaxrl_post.training import async_rollouts
+
+# The rollout's per-row arrays a step uses (record-major, `group_size` rows per record).
+ROW_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mask", "logp",
+            "finish_reason")
+
+
+class StepGroups(NamedTuple):
+  """One step's groups, as the synchronous step has them after verification."""
+
+  records: list
+  rollout: Rollout  # host arrays, `prompts_per_step × group_size` rows
+  texts: list[str]
+  verified: Any  # `methods.grpo.Verified`
+  metrics: dict[str, float]
+
+
+class GroupSource:
+  """Asynchronous rollouts and/or dynamic sampling for a `GRPO` method (module docstring).
+
+  Args:
+    method: the running `GRPO` (its `config`, `task`, `sampler`, `runtime`, `objective`,
+      `data_iter`, `rng` and `run.placement`).
+    options: `training.async_rollouts.RolloutOptions`.
+    dynamic: DAPO's dynamic-sampling buffer (`methods.dynamic_sampling`), or None (off).
+    draw: `() -> records`, one batch of prompts (the method's `global_records`).
+    verify: `(records, texts, group_ids, lengths) -> Verified` on a batch
+      (`methods.grpo.verify_groups` with the method's objective and config).
+    advantages: `(rewards, group_ids, num_groups) -> adv` of a reward matrix
+      (`methods.grpo.advantages_of`).
+  """
+
+  def __init__(self, method, options: async_rollouts.RolloutOptions, *,
+               dynamic: dynamic_sampling.DynamicSamplingBuffer | None,
+               draw: Callable[[], list], verify: Callable[..., Any],
+               advantages: Callable[..., Any]):
+    async_rollouts.check_supported(options)
+    self.method, self.options, self.dynamic = method, options, dynamic
+    self.draw, self.verify, self.advantages = draw, verify, advantages
+    self.producer: async_rollouts.RolloutProducer | None = None
+    self.weights: async_rollouts.WeightSync | None = None
+    self.next_index = 1  # the next batch's number (sync mode; the producer keeps its own)
+    self.redrawn = 0  # batches in flight or buffered at the checkpoint a run resumed from
+    self.lost_retries = 0  # prompts in the retry queue at that checkpoint
+
+  # -- sampling one batch --
+
+  def _generate(self, params, records: Sequence[Mapping[str, Any]], index: int
+                ) -> dict[str, np.ndarray]:
+    """`group_size` completions per record with `params` (sampler layout), on the host."""
+    config = self.method.config
+    rollout = self.method.sampler.generate(
+      params, [r["prompt"] for r in records], n_samples_per_prompt=config.group_size,
+      max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
+      top_p=config.top_p, rng=jax.random.fold_in(self.method.rng, index))
+    return multihost.to_host({k: getattr(rollout, k) for k in ROW_KEYS})
+
+  def _start_producer(self, state, step: int) -> None:
+    placement = self.method.run.placement
+    self.weights = async_rollouts.WeightSync(
+      placement.sample_mesh, placement.sample_rules,
+      bucket_bytes=async_rollouts.bucket_bytes(self.options), verify=self.options.verify_sync)
+    self.weights.publish(self.method.policy_params(state.params), version=step - 1)
+    self.producer = async_rollouts.RolloutProducer(
+      draw=self.draw, data_state=self.method.data_iter.get_state, generate=self._generate,
+      weights=self.weights, options=self.options, first_index=self.next_index)
+
+  def _next_batch(self, state, step: int, timings: dict[str, float]):
+    """`(records, rows, staleness)` of the next batch, from the producer or generated now."""
+    if self.options.uses_producer:
+      if self.producer is None:
+        self._start_producer(state, step)
+      batch, waited = self.producer.take(trainer_version=step - 1)
+      timings["time/wait_rollout"] = timings.get("time/wait_rollout", 0.0) + waited
+      # Not a `time/` key: the step's time is the sum of those, and this one overlapped.
+      timings.setdefault("rollout/generate_seconds", 0.0)
+      timings["rollout/generate_seconds"] += batch.seconds
+      self.next_index = batch.index + 1
+      return batch.records, batch.rows, step - 1 - batch.version
+    records = self.draw()
+    params, seconds = self.method.runtime.evaluator.sampler_params(state.params)
+    tic = time.perf_counter()
+    rows = self._generate(params, records, self.next_index)
+    timings["time/reshard"] = timings.get("time/reshard", 0.0) + seconds
+    timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - tic
+    self.next_index += 1
+    return records, rows, 0
+
+  # -- the step's groups --
+
+  def take(self, state, step: int, timings: dict[str, float]) -> StepGroups:
+    """The step's `prompts_per_step` groups (module docstring).
+
+    Each batch is verified once, as it arrives; with dynamic sampling its informative groups
+    (`config.reward_weights`-weighted rewards not all equal) are kept, and the advantages
+    are computed over the step's kept groups, as one batch (a batch-level estimator sees the
+    step's batch).
+    """
+    config, method = self.method.config, self.method
+    group_size = config.group_size
+    rounds, stalenesses = [], []
+    while True:
+      records, rows, staleness = self._next_batch(state, step, timings)
+      stalenesses.append(staleness)
+      group_ids = np.repeat(np.arange(len(records), dtype=np.int32), group_size)
+      rollout = Rollout(**rows, group_ids=group_ids)
+      texts = method.sampler.decode_text(rollout)
+      verified = self.verify(records, texts, group_ids, rows["completion_mask"].sum(axis=1))
+      rounds.append((records, rows, texts, verified))
+      if self.dynamic is None:
+        break
+      self.dynamic.add(verified.rewards @ np.asarray(method.objective.reward_weights))
+      if self.dynamic.full():
+        break
+    metrics = async_rollouts.staleness_metrics(stalenesses)
+    if self.producer is not None:
+      metrics.update({f"rollout/{k}": float(v) for k, v in self.producer.counts.items()})
+      metrics["rollout/redrawn_after_restart"] = float(self.redrawn)
+      metrics["rollout/retry_lost_on_restart"] = float(self.lost_retries)
+    if self.dynamic is None:
+      records, rows, texts, verified = rounds[0]
+      return StepGroups(records, Rollout(**rows, group_ids=group_ids), texts, verified, metrics)
+    selection = self.dynamic.take()
+    metrics.update(selection.stats.metrics())
+    kept = [{k: v[np.repeat(g * group_size, group_size) + np.tile(np.arange(group_size),
+                                                                   len(g))]
+             for k, v in r[1].items()} for r, g in zip(rounds, selection.round_groups)]
+    rows = async_rollouts.concat_rows(
+      kept, left_padded=("prompt_tokens", "prompt_mask"),
+      pad_values={"prompt_tokens": method.sampler.pad_id, "prompt_mask": False})
+    records = selection.gather_groups([r[0] for r in rounds])
+    texts = selection.gather_groups([[r[2][i:i + group_size] for i in
+                                      range(0, len(r[2]), group_size)] for r in rounds])
+    texts = [t for group in texts for t in group]
+    pick = selection.gather
+    rewards = pick([r[3].rewards for r in rounds])
+    verified = type(rounds[0][3])(
+      correct=pick([r[3].correct for r in rounds]), format=pick([r[3].format for r in rounds]),
+      failures=type(rounds[0][3].failures)(
+        errors=sum(r[3].failures.errors for r in rounds),
+        timeouts=sum(r[3].failures.timeouts for r in rounds)),
+      adv=self.advantages(rewards, selection.group_ids, len(records)),
+      rewards=rewards)
+    rollout = Rollout(**rows, group_ids=selection.group_ids)
+    return StepGroups(records, rollout, texts, verified, metrics)
+
+  def after_update(self, state, step: int) -> dict[str, float]:
+    """Publishes θ_step to the producer (`time/weight_sync`); nothing in sync mode."""
+    if self.weights is None:
+      return {}
+    return self.weights.publish(self.method.policy_params(state.params), version=step)
+
+  # -- checkpoints --
+
+  def data_state(self) -> Any:
+    """The data position a restart resumes from (before the oldest unconsumed batch)."""
+    if self.producer is not None:
+      return self.producer.resume_state()
+    return self.method.data_iter.get_state()
+
+  def state_dict(self) -> dict[str, Any]:
+    state = {"next_index": self.next_index}
+    if self.producer is not None:
+      state["retry_queued"] = self.producer.retry_queued()
+      state["unconsumed"] = self.producer.unconsumed()
+    return state
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    self.next_index = int(state.get("next_index", self.next_index))
+    self.lost_retries = int(state.get("retry_queued", 0))
+    self.redrawn = int(state.get("unconsumed", 0))
+
+  def close(self) -> None:
+    if self.producer is not None:
+      self.producer.close()
+      self.producer = None
+
+
+def build_group_source(method, options: async_rollouts.RolloutOptions, *,
+                       draw: Callable[[], list], verify: Callable[..., Any],
+                       advantages: Callable[..., Any]) -> GroupSource | None:
+  """The method's `GroupSource`, or None when its step generates synchronously without
+  dynamic sampling (the plain path).
+
+  Raises:
+    ValueError: naming `config.dynamic_sampling.max_rounds` when it is negative, or the
+      `config.rollout.mode` / dynamic sampling of a method whose step is its own (only
+      `GRPO.step` takes its groups from here).
+  """
+  dynamic = dynamic_sampling.DynamicSamplingBuffer.from_config(method.config)
+  if not options.uses_producer and dynamic is None:
+    return None
+  if type(method).step.__qualname__ != "GRPO.step":
+    raise ValueError(
+      f"config.rollout.mode={options.mode!r} / config.dynamic_sampling: method "
+      f"{method.name!r} has a step of its own, which does not take its groups from "
+      "`methods.group_source`; use mode 'sync' and dynamic_sampling.max_rounds=0")
+  return GroupSource(method, options, dynamic=dynamic, draw=draw, verify=verify,
+                     advantages=advantages)
+
+
+def true_on_policy_metrics(rollout: Rollout, old_logp, completion_mask, tol: float
+                           ) -> dict[str, float]:
+  """The true on-policy check (`config.rollout.true_on_policy`; Miles v0.1's
+  `--true-on-policy-mode`, whose `train_rollout_logprob_abs_diff` must be exactly 0).
+
+  The log-probs the sampler recorded while decoding (one token at a time, against its KV
+  cache, with its copy of the weights) must equal the trainer's recomputation `old_logp`
+  (one forward pass over the whole sequence, the update's kernels) within
+  `config.rollout.true_on_policy_tol` (0: bitwise), or the step fails loudly. They agree
+  bitwise only when both paths run the same kernels in the same precision and blocking:
+  measured on CPU with the `tiny` runlocal policy, 0.0 on the 8-device test mesh (each device
+  multiplies a few rows), but up to 1.4e-6 (float32) and 1e-5 (bfloat16) on one device, where
+  the CPU matmul library blocks a one-token decode step `[rows, d] × [d, f]` differently from
+  the full pass `[rows·T, d] × [d, f]` (docs/benchmarks.md). Where they differ, set the
+  tolerance, or correct with TIS / IcePop (`config.loss.sampler_correction`).
+
+  Args:
+    rollout: the step's rollout (its `logp`, `[rows, T]`).
+    old_logp: `[rows, T']` the trainer's log-probs of the same tokens (`T' <= T`, trimmed).
+    completion_mask: `[rows, T']` the scored tokens.
+    tol: the largest difference allowed.
+
+  Returns:
+    `rollout/on_policy_abs_diff_{max,mean}`.
+  """
+  metrics = async_rollouts.check_true_on_policy(
+    multihost.to_host(rollout.logp), multihost.to_host(old_logp), completion_mask, tol)
+  return {f"rollout/{k}": v for k, v in metrics.items()}
