@@ -10,15 +10,17 @@ Each mode trains the same config (`--config`, default configs/grpo_arith.py, fro
 devices (`parallel.host.use_one_cpu_device_per_core`): with 2, the sampler gets one device and
 the trainer the other (`config.mesh.sampler_devices=1`), so generation and update can overlap
 on the two cores (with XLA's intra-op thread pool on, both would compete for both cores).
-The asynchronous modes correct the staleness with truncated importance sampling on the
-sampler's log-probs (`config.loss.sampler_correction="truncate"`, cap 2); the synchronous run
-has no staleness to correct. Prints JSON lines:
+Modes: `sync`, `one_step_off` and `async` (`max_in_flight=2`) recompute `old_logp` with the
+trainer; the two asynchronous ones correct the staleness with truncated importance sampling on
+the sampler's log-probs (`config.loss.sampler_correction="truncate"`, cap 2). The
+`*_sampler_logp` modes take the sampler's log-probs as `old_logp` instead
+(`config.rollout.old_logp="sampler"`: no scoring pass) and compare with each other. Prints JSON lines:
 
   {"what": "matmul_peak", ...}                       # in-run reference
   {"what": "async_rollouts", "mode", "seed", "steps", "median_step_s", "steps_per_hour",
    "wall_s", "final_reward", "eval_accuracy", "staleness": {"0": n, "1": n, ...},
    "wait_rollout_s", "weight_sync_s"}
-  {"what": "async_speedup", "mode", "steps_per_hour_ratio", "final_reward_diff"}   # vs sync
+  {"what": "async_speedup", "mode", "reference", "steps_per_hour_ratio", "final_reward_diff"}
 
 and writes each run's per-step curve (`step`, `wall_s`, `reward`) to `--out/curves.jsonl`
 and the plot `--out/async_rollouts.png` (reward against steps and against wall time).
@@ -45,6 +47,9 @@ MODES = {
   "sync": dict(mode="sync"),
   "one_step_off": dict(mode="one_step_off"),
   "async": dict(mode="async", max_in_flight=2),
+  # The sampler's log-probs as old_logp: no scoring pass (Miles' --use-rollout-logprobs).
+  "sync_sampler_logp": dict(mode="sync", old_logp="sampler"),
+  "one_step_off_sampler_logp": dict(mode="one_step_off", old_logp="sampler"),
 }
 
 _CONFIG = flags.DEFINE_string("config", str(ROOT / "configs" / "grpo_arith.py"),
@@ -74,7 +79,7 @@ def _config(mode: str, seed: int, devices: int):
   if devices > 1:
     config.mesh.sampler_devices = 1
   config.rollout = ml_collections.ConfigDict(MODES[mode])
-  if mode != "sync":
+  if MODES[mode]["mode"] != "sync" and MODES[mode].get("old_logp") != "sampler":
     config.loss.sampler_correction = "truncate"
     config.loss.sampler_max = 2.0
   return config
@@ -124,7 +129,8 @@ def _plot(curves: list[dict], path: Path) -> None:
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-  colors = {"sync": "tab:blue", "one_step_off": "tab:orange", "async": "tab:green"}
+  colors = {"sync": "tab:blue", "one_step_off": "tab:orange", "async": "tab:green",
+            "sync_sampler_logp": "tab:purple", "one_step_off_sampler_logp": "tab:red"}
   for (mode, seed) in sorted({(c["mode"], c["seed"]) for c in curves}):
     rows = [c for c in curves if c["mode"] == mode and c["seed"] == seed]
     label = mode if seed == min(c["seed"] for c in curves) else None
@@ -162,12 +168,13 @@ def main(argv):
   with open(out / "curves.jsonl", "w") as f:
     for row in curves:
       f.write(json.dumps(row) + "\n")
-  for mode in {s["mode"] for s in summaries} - {"sync"}:
-    base = [s for s in summaries if s["mode"] == "sync"]
+  for mode in {s["mode"] for s in summaries} - {"sync", "sync_sampler_logp"}:
+    reference = "sync_sampler_logp" if mode.endswith("_sampler_logp") else "sync"
+    base = [s for s in summaries if s["mode"] == reference]
     runs = [s for s in summaries if s["mode"] == mode]
     if base:
       print(json.dumps({
-        "what": "async_speedup", "mode": mode,
+        "what": "async_speedup", "mode": mode, "reference": reference,
         "steps_per_hour_ratio": float(np.mean([s["steps_per_hour"] for s in runs])
                                       / np.mean([s["steps_per_hour"] for s in base])),
         "final_reward_diff": float(np.mean([s["final_reward"] for s in runs])

@@ -427,7 +427,7 @@ def step_record(updates, rollout, old_logp, verified: Verified, completion_mask,
 
 
 def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
-                  timings: dict[str, float], *, reference=None):
+                  timings: dict[str, float], *, reference=None, sampler_old_logp=False):
   """The PPO phase's batch: the rollout's rows (trimmed) with `adv`, `old_logp` and, with a
   `reference`, `ref_logp`, scored by the trainer on its mesh (`put` places a host batch there).
 
@@ -436,6 +436,11 @@ def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
   `time/score` (and `time/reference`) to `timings`. Returns `(batch, old_logp)`, `old_logp`
   still on the trainer's devices. In a LoRA run `params` and `reference` are adapters, scored
   with the frozen base (`run.frozen`) through the adapted graph, the update's own forward.
+
+  `sampler_old_logp` (`config.rollout.old_logp="sampler"`, Miles' `--use-rollout-logprobs`):
+  `old_logp` are the sampler's recorded log-probs instead (the policy that sampled: the PPO
+  ratio then measures the whole distance to it, staleness included) and the trainer's scoring
+  pass is skipped; the returned `old_logp` is None.
   """
   frozen = getattr(runtime.evaluator.run, "frozen", None)
   tic = time.perf_counter()
@@ -448,8 +453,13 @@ def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
     return runtime.scorer.score(p, **inputs, temperature=config.temperature,
                                 num_micro_batches=config.score_micro_batches).logp
 
-  old_logp = score(params)
-  batch["old_logp"] = multihost.to_host(old_logp)
+  if sampler_old_logp:
+    width = batch["completion_mask"].shape[1]
+    batch["old_logp"] = np.asarray(multihost.to_host(rollout.logp), np.float32)[:, :width]
+    old_logp = None
+  else:
+    old_logp = score(params)
+    batch["old_logp"] = multihost.to_host(old_logp)
   timings["time/score"] = time.perf_counter() - tic
   if reference is not None:
     tic = time.perf_counter()
@@ -575,8 +585,9 @@ class GRPO:
     for rewards in self.hooks("rewards"):
       verified, metrics = rewards(self, ctx)
       ctx, extra = ctx._replace(verified=verified), extra | metrics
-    batch, old_logp = score_rollout(self.runtime, config, put, state.params, rollout,
-                                    verified.adv, timings, reference=self.reference)
+    batch, old_logp = score_rollout(
+      self.runtime, config, put, state.params, rollout, verified.adv, timings,
+      reference=self.reference, sampler_old_logp=self.rollout_options.old_logp == "sampler")
     if self.sampler_correction:
       # The sampler's own log-probs, for the TIS / IcePop weights exp(old_logp − sampler_logp)
       # (`losses.sampler_importance_weights`): off-policy batches and engine mismatch.

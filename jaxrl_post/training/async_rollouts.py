@@ -27,11 +27,14 @@ when step t takes it, the trainer holds θ_{t−1}, so its staleness is t − 1 
 (its prompts are skipped, counted), "retry" draws its prompts again for the next batch the
 producer starts (regenerated with newer weights, counted).
 
-What the trainer does with off-policy groups: it recomputes `old_logp` with θ_{t−1} (the
-proximal policy: the first PPO ratio is 1) and, with `config.loss.sampler_correction` set,
-weights each token by the truncated (TIS) or masked (IcePop) ratio exp(old_logp − logp_sampler)
-between that policy and the one that sampled (`losses.sampler_importance_weights`), the
-decoupled objective of Hilton et al., arXiv 2110.00641.
+What the trainer does with off-policy groups (`config.rollout.old_logp`): "trainer" (the
+default) recomputes `old_logp` with θ_{t−1} (the proximal policy: the first PPO ratio is 1)
+and, with `config.loss.sampler_correction` set, weights each token by the truncated (TIS) or
+masked (IcePop) ratio exp(old_logp − logp_sampler) between that policy and the one that
+sampled (`losses.sampler_importance_weights`), the decoupled objective of Hilton et al.,
+arXiv 2110.00641. "sampler" takes the sampler's recorded log-probs as `old_logp` (Miles'
+`--use-rollout-logprobs`): the clipped ratio is then to the policy that sampled, and the
+trainer's scoring pass, a forward over the whole batch, is skipped.
 
 Weight sync (`WeightSync`): after each update the trainer's parameters are copied into the
 sampler's layout (`parallel.reshard`: a re-layout on the same devices, a device-to-device
@@ -70,6 +73,7 @@ from jaxrl_post.parallel.reshard import reshard
 
 ROLLOUT_MODES = ("sync", "one_step_off", "async")
 UNUSED_POLICIES = ("drop", "retry")
+OLD_LOGP_SOURCES = ("trainer", "sampler")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,9 @@ class RolloutOptions:
   sync_bucket_mb: float = 512.0  # the most bytes one bucket of a weight sync moves at once
   true_on_policy: bool = False  # the sampler's log-probs must equal the trainer's
   true_on_policy_tol: float = 0.0  # largest |logp_sampler − logp_trainer| allowed
+  # The PPO ratio's denominator: "trainer" (recomputed with θ_{t−1}, the proximal policy) or
+  # "sampler" (the recorded log-probs of the policy that sampled; no scoring pass).
+  old_logp: str = "trainer"
 
   @property
   def ahead(self) -> int:
@@ -121,6 +128,16 @@ def rollout_options(config) -> RolloutOptions:
   if options.true_on_policy_tol < 0:
     raise ValueError(f"config.rollout.true_on_policy_tol={options.true_on_policy_tol} must be "
                      ">= 0")
+  if options.old_logp not in OLD_LOGP_SOURCES:
+    raise ValueError(f"config.rollout.old_logp={options.old_logp!r}; valid: "
+                     f"{', '.join(OLD_LOGP_SOURCES)}")
+  if options.old_logp == "sampler" and options.true_on_policy:
+    raise ValueError("config.rollout.true_on_policy compares the sampler's log-probs with the "
+                     "trainer's: it needs config.rollout.old_logp='trainer'")
+  if options.old_logp == "sampler" and config.get("loss", {}).get(
+      "sampler_correction", "none") != "none":
+    raise ValueError("config.loss.sampler_correction weights exp(old_logp − sampler_logp), "
+                     "which is 1 with config.rollout.old_logp='sampler': set one of them")
   if options.true_on_policy and options.uses_producer:
     raise ValueError(f"config.rollout.true_on_policy needs config.rollout.mode='sync' (got "
                      f"{options.mode!r}): a batch sampled with older weights cannot match the "

@@ -183,11 +183,13 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   # bound) drops or retries (`unused`) older batches; verify_sync compares the sampler's
   # weights with the trainer's after each sync; true_on_policy fails a step whose sampler
   # log-probs differ from the trainer's by more than true_on_policy_tol. Off-policy batches
-  # want loss.sampler_correction="truncate" (TIS) or "mask" (IcePop).
+  # want loss.sampler_correction="truncate" (TIS) or "mask" (IcePop), or old_logp="sampler"
+  # (the ratio to the sampling policy itself, without the trainer's scoring pass).
   config.rollout = ml_collections.ConfigDict(dict(
     mode="sync", max_in_flight=1,
     max_weight_staleness=ml_collections.config_dict.placeholder(int), unused="drop",
-    verify_sync=False, sync_bucket_mb=512.0, true_on_policy=False, true_on_policy_tol=0.0))
+    verify_sync=False, sync_bucket_mb=512.0, true_on_policy=False, true_on_policy_tol=0.0,
+    old_logp="trainer"))
   # sampler_correction: "none", or "truncate" (TIS) / "mask" (IcePop) of the ratio between the
   # policy that scored the batch and the sampler's recorded log-probs, per token or sequence
   # (`losses.sampler_importance_weights`): what an off-policy (asynchronous) batch wants.

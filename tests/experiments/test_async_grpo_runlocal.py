@@ -83,10 +83,12 @@ def test_dynamic_sampling_never_hands_out_an_all_equal_group(tmp_path, format_wr
     return groups
 
   monkeypatch.setattr(group_source.GroupSource, "take", spy)
+  # With the sampler's log-probs as old_logp: no trainer scoring pass, no agreement metric.
   config = _config(format_writer_policy, dynamic_sampling=ml_collections.ConfigDict(
-    dict(max_rounds=12)), rollout=dict(mode="one_step_off"))
+    dict(max_rounds=12)), rollout=dict(mode="one_step_off", old_logp="sampler"))
   loop.train(config, tmp_path / "ds", GRPO(config))
   records = _records(tmp_path / "ds")
+  assert not any("rollout/logp_abs_diff_max" in r for r in records)
   assert len(seen) == 3 and all(g.shape == (4, 4) for g in seen)
   for groups in seen:
     assert np.all(groups.max(axis=1) > groups.min(axis=1))

@@ -141,9 +141,13 @@ def test_a_producer_failure_reaches_the_trainer():
   (dict(mode="one_step_off", true_on_policy=True), "config.rollout.true_on_policy needs"),
   (dict(mode="one_step_off", max_weight_staleness=0), "drops every batch"),
   (dict(sync_bucket_mb=0), "config.rollout.sync_bucket_mb=0"),
+  (dict(old_logp="engine"), "config.rollout.old_logp='engine'"),
+  (dict(old_logp="sampler", true_on_policy=True), "needs config.rollout.old_logp='trainer'"),
+  (dict(old_logp="sampler", loss=True), "config.loss.sampler_correction weights"),
 ])
 def test_bad_options_name_the_key(section, match):
-  config = ml_collections.ConfigDict({"rollout": section})
+  loss = {"sampler_correction": "truncate"} if section.pop("loss", False) else {}
+  config = ml_collections.ConfigDict({"rollout": section, "loss": loss})
   with pytest.raises(ValueError, match=match):
     ar.rollout_options(config)
 
