@@ -14,7 +14,8 @@ Modes: `sync`, `one_step_off` and `async` (`max_in_flight=2`) recompute `old_log
 trainer; the two asynchronous ones correct the staleness with truncated importance sampling on
 the sampler's log-probs (`config.loss.sampler_correction="truncate"`, cap 2). The
 `*_sampler_logp` modes take the sampler's log-probs as `old_logp` instead
-(`config.rollout.old_logp="sampler"`: no scoring pass) and compare with each other. Prints JSON lines:
+(`config.rollout.old_logp="sampler"`: no scoring pass) and compare with each other.
+Prints JSON lines:
 
   {"what": "matmul_peak", ...}                       # in-run reference
   {"what": "async_rollouts", "mode", "seed", "steps", "median_step_s", "steps_per_hour",
@@ -122,7 +123,8 @@ def _run(mode: str, seed: int, devices: int, out: Path) -> tuple[dict, list[dict
   return summary, curve
 
 
-def _plot(curves: list[dict], path: Path) -> None:
+def _plot(curves: list[dict], path: Path, window: int = 5) -> None:
+  """Reward (mean over seeds, `window`-step running mean) against steps and wall clock."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -131,18 +133,22 @@ def _plot(curves: list[dict], path: Path) -> None:
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   colors = {"sync": "tab:blue", "one_step_off": "tab:orange", "async": "tab:green",
             "sync_sampler_logp": "tab:purple", "one_step_off_sampler_logp": "tab:red"}
-  for (mode, seed) in sorted({(c["mode"], c["seed"]) for c in curves}):
-    rows = [c for c in curves if c["mode"] == mode and c["seed"] == seed]
-    label = mode if seed == min(c["seed"] for c in curves) else None
-    for ax, x in zip(axes, ("step", "wall_s")):
-      ax.plot([r[x] for r in rows], [r["reward"] for r in rows], color=colors.get(mode),
-              alpha=0.8, label=label)
+  for mode in dict.fromkeys(c["mode"] for c in curves):
+    seeds = sorted({c["seed"] for c in curves if c["mode"] == mode})
+    runs = [[c for c in curves if c["mode"] == mode and c["seed"] == s] for s in seeds]
+    steps = min(len(r) for r in runs)
+    reward = np.mean([[c["reward"] for c in r[:steps]] for r in runs], axis=0)
+    wall = np.mean([[c["wall_s"] for c in r[:steps]] for r in runs], axis=0)
+    smooth = np.convolve(reward, np.ones(window) / window, mode="valid")
+    x_step = np.arange(window, steps + 1)
+    for ax, x in zip(axes, (x_step, wall[window - 1:])):
+      ax.plot(x, smooth, color=colors.get(mode), label=f"{mode} ({len(seeds)} seeds)")
   axes[0].set_xlabel("step")
-  axes[1].set_xlabel("wall clock (s)")
+  axes[1].set_xlabel("wall clock since start (s, mean over seeds)")
   for ax in axes:
-    ax.set_ylabel("train reward (correct)")
+    ax.set_ylabel(f"train reward, {window}-step mean")
     ax.grid(alpha=0.3)
-  axes[0].legend()
+  axes[0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
@@ -179,7 +185,7 @@ def main(argv):
                                       / np.mean([s["steps_per_hour"] for s in base])),
         "final_reward_diff": float(np.mean([s["final_reward"] for s in runs])
                                    - np.mean([s["final_reward"] for s in base]))}), flush=True)
-  _plot(curves, out / "async_rollouts.png")
+  _plot(curves, out / "async_rollouts.png", window=min(5, _STEPS.value))
 
 
 if __name__ == "__main__":

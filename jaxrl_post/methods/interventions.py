@@ -460,4 +460,8 @@ def build_interventions(config):
   knobs = config.get("intervention")
   if knobs is None or knobs.mode == "none":
     return None
+  if "overlong" in config.reward_weights:
+    # The extra rows' rewards are rebuilt here from the verifier's two columns.
+    raise ValueError("config.intervention with config.reward_weights naming 'overlong': the "
+                     "enlarged groups score correct / format only; drop one of them")
   return Interventions(config)

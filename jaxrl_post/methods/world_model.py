@@ -234,8 +234,11 @@ def choose_anchors(num_groups: int, k: int, *, seed: int, step: int) -> np.ndarr
 def true_rewards(verified, reward_names: Sequence[str], reward_weights) -> np.ndarray:
   """The scalar reward of each row that the step's GRPO standardises: Σ_k w_k·reward_k over
   `config.reward_weights` (NaN-skipping, `combine_rewards`), NaN where the verifier failed."""
-  columns = {"correct": verified.correct, "format": verified.format}
-  rewards = np.stack([np.asarray(columns[k], np.float32) for k in reward_names], axis=1)
+  if getattr(verified, "rewards", None) is not None:  # the step's reward matrix, all columns
+    rewards = np.asarray(verified.rewards, np.float32)
+  else:
+    columns = {"correct": verified.correct, "format": verified.format}
+    rewards = np.stack([np.asarray(columns[k], np.float32) for k in reward_names], axis=1)
   return np.asarray(combine_rewards(jnp.asarray(rewards), jnp.asarray(reward_weights)).reward)
 
 

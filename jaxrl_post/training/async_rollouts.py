@@ -411,6 +411,13 @@ class RolloutProducer:
     with self._cond:
       return len(self._pending)
 
+  def waiting_records(self) -> tuple[list, list]:
+    """`(buffered, retry)`: the records of finished batches not taken yet, and those queued to
+    be sampled again."""
+    with self._cond:
+      return ([r for b in self._buffer for r in b.records],
+              [r for records in self._retry for r in records])
+
   def retry_queued(self) -> int:
     with self._cond:
       return len(self._retry)

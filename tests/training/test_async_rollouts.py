@@ -95,17 +95,18 @@ def test_no_batch_older_than_the_bound_is_handed_out(unused):
                                 unused=unused)
     producer = _producer(options, data, weights, seed=seed)
     taken = _train(producer, weights, 8, sleep=0.003)
-    counts, queued = dict(producer.counts), producer.retry_queued()
     producer.close()
+    counts, queued = dict(producer.counts), producer.retry_queued()
     assert all(step - 1 - b.version <= 1 for step, b in taken)
     used = [r for _, b in taken for r in b.records]
     assert len(used) == len(set(used))  # a prompt is never trained on twice
     drawn = set(range(data.position))
-    waiting = {r for b in producer._buffer for r in b.records}
+    buffered, retry = producer.waiting_records()
+    waiting = set(buffered)
     if unused == "retry":  # a stale batch's prompts come back: none is lost
       assert counts.get("stale_drop", 0) == 0
-      assert drawn == set(used) | waiting | {r for b in producer._retry for r in b}
-      assert queued == len(producer._retry)
+      assert drawn == set(used) | waiting | set(retry)
+      assert queued == len(retry) // 2
     else:  # dropped prompts are counted, whole batches of 2
       assert len(drawn - set(used) - waiting) == 2 * counts.get("stale_drop", 0)
 
@@ -114,7 +115,9 @@ def test_resume_position_is_before_the_oldest_unconsumed_batch():
   weights, data = FakeWeights(), Counter()
   producer = _producer(ar.RolloutOptions(mode="async", max_in_flight=2), data, weights)
   taken = _train(producer, weights, 3)
-  time.sleep(0.05)  # the producer refills its two slots
+  deadline = time.time() + 30
+  while producer.unconsumed() < 2 and time.time() < deadline:  # the producer refills 2 slots
+    time.sleep(0.01)
   position = producer.resume_state()["position"]
   unconsumed = producer.unconsumed()
   producer.close()
