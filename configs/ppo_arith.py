@@ -15,8 +15,8 @@ Settings: verl's LLM-PPO defaults, γ = λ = 1 (with an outcome reward A_j = R �
 ε_v = 0.2, advantages whitened over the step's tokens, no KL in the reward
 (`--config.critic.kl_in_reward=0.01` adds InstructGPT's per-token penalty); the critic learns
 5× faster than the policy (verl / OpenRLHF use 5-10×) and is initialised from the policy. PPO
-needs no group of completions per prompt: 32 prompts × 2 completions (the 64 rollouts of
-grpo_arith's 8 × 8, more prompts), the ratio clip symmetric (ε = 0.2, the "ppo" loss).
+needs no group of completions per prompt: 64 prompts × 2 completions (the 128 rollouts of
+grpo_arith's 16 × 8, more prompts), the ratio clip symmetric (ε = 0.2, the "ppo" loss).
 
 Variants: `runlocal`, `model=<preset>`, `steps=<n>`.
 """
@@ -38,7 +38,7 @@ def get_config(arg=None):
   config.task_knobs = dict(min_digits=1, max_digits=2, num_operands=2, operations="+-",
                           demo_slip=0.0)
   config.model, config.steps = arg.model, arg.steps
-  config.prompts_per_step, config.group_size = 32, 2
+  config.prompts_per_step, config.group_size = 64, 2
   config.loss.epsilon_high = 0.2
   config.optimizer = base_configs.optimizer_config(lr=POLICY_LR)
   config.critic = ml_collections.ConfigDict(dict(

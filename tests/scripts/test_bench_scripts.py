@@ -87,3 +87,15 @@ def test_bench_update_reports_mfu_and_a_torch_reference():
   assert ours["seq_len"] == 32 and ours["seconds"] > 0 and 0 < ours["mfu_in_run"]
   assert ours["mfu"] is None  # --peak_tflops=0: only the in-run reference
   assert rows[3]["speedup"] > 0
+
+
+def test_bench_async_compares_modes_against_sync(tmp_path):
+  rows = _json_lines("bench_async.py", "--config=configs/grpo_arith.py:runlocal", "--steps=3",
+                     "--modes=sync,one_step_off", f"--out={tmp_path}", "--eval_examples=2")
+  assert [r["what"] for r in rows] == ["matmul_peak", "async_rollouts", "async_rollouts",
+                                      "async_speedup"]
+  sync, off = rows[1], rows[2]
+  assert sync["staleness"] == {"0": 3} and off["staleness"] == {"0": 1, "1": 2}
+  assert sync["devices"] == 2 and off["steps_per_hour"] > 0 and off["weight_sync_s"] > 0
+  assert rows[3]["mode"] == "one_step_off" and rows[3]["reference"] == "sync"
+  assert (tmp_path / "async_rollouts.png").stat().st_size > 0
