@@ -158,3 +158,30 @@ def test_sharded_batch_equals_single_device():
 
 def test_doctests():
   assert doctest.testmod(reinforce_pp).failed == 0
+
+
+def test_token_weighting_is_a_config_switch_of_the_grpo_family():
+  from pathlib import Path
+
+  from jaxrl_post.config_args import load_module
+  from jaxrl_post.methods.grpo import advantages_of, policy_objective
+
+  root = Path(__file__).resolve().parents[1]
+  config = load_module(root / "configs" / "grpo_arith.py").get_config("runlocal")
+  config.advantage, config.advantage_token_weighted = "reinforce_pp_baseline", True
+  objective = policy_objective(config)
+  rewards = np.array([[1, 1], [0, 0], [1, 0], [0, 1]], np.float32)
+  group_ids, lengths = np.array([0, 0, 1, 1]), np.array([3, 5, 2, 7])
+  got = advantages_of(objective, rewards, group_ids, 2, config, lengths=lengths)
+  want = reinforce_pp_baseline_advantages(
+    jnp.asarray(rewards), jnp.asarray(group_ids), num_groups=2, eps=config.advantage_eps,
+    reward_weights=objective.reward_weights, token_counts=jnp.asarray(lengths, jnp.float32))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  unweighted = advantages_of(objective._replace(token_weighted=False), rewards, group_ids, 2,
+                             config)
+  assert not np.allclose(got, unweighted)
+  with pytest.raises(ValueError, match="needs the completion lengths"):
+    advantages_of(objective, rewards, group_ids, 2, config)
+  config.advantage = "grpo"
+  with pytest.raises(ValueError, match="config.advantage='grpo' takes no token_counts"):
+    policy_objective(config)

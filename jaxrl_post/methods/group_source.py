@@ -62,7 +62,7 @@ class GroupSource:
     draw: `() -> records`, one batch of prompts (the method's `global_records`).
     verify: `(records, texts, group_ids, lengths) -> Verified` on a batch
       (`methods.grpo.verify_groups` with the method's objective and config).
-    advantages: `(rewards, group_ids, num_groups) -> adv` of a reward matrix
+    advantages: `(rewards, group_ids, num_groups, lengths) -> adv` of a reward matrix
       (`methods.grpo.advantages_of`).
   """
 
@@ -175,7 +175,8 @@ class GroupSource:
       failures=type(rounds[0][3].failures)(
         errors=sum(r[3].failures.errors for r in rounds),
         timeouts=sum(r[3].failures.timeouts for r in rounds)),
-      adv=self.advantages(rewards, selection.group_ids, len(records)),
+      adv=self.advantages(rewards, selection.group_ids, len(records),
+                          rows["completion_mask"].sum(axis=1)),
       rewards=rewards)
     rollout = Rollout(**rows, group_ids=selection.group_ids)
     return StepGroups(records, rollout, texts, verified, metrics)

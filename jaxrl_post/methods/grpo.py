@@ -17,6 +17,7 @@ rest are this one method with different names. One step:
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -67,6 +68,9 @@ class PolicyObjective(NamedTuple):
   advantage_fn: Any  # `advantages.ADVANTAGES` entry
   reward_names: list[str]  # the columns of the reward matrix, `config.reward_weights`' keys
   reward_weights: jax.Array  # float32[len(reward_names)]
+  # `config.advantage_token_weighted`: the estimator weighs each row by its completion length
+  # (`token_counts`, e.g. REINFORCE++'s token-level whitening as verl does it).
+  token_weighted: bool = False
 
 
 # `config.loss` keys of the sampler-mismatch correction (`losses.sampler_importance_weights`).
@@ -114,7 +118,12 @@ def policy_objective(config, **loss_extra) -> PolicyObjective:
   if "overlong" in names:
     overlong_window(config)  # a missing or bad config.overlong fails here, not mid-run
   weights = jnp.asarray([config.reward_weights[k] for k in names], jnp.float32)
-  return PolicyObjective(loss_fn, advantage_fn, names, weights)
+  token_weighted = bool(config.get("advantage_token_weighted", False))
+  if token_weighted and "token_counts" not in inspect.signature(advantage_fn).parameters:
+    raise ValueError(f"config.advantage_token_weighted=True: config.advantage="
+                     f"{config.advantage!r} takes no token_counts (reinforce_pp and "
+                     "reinforce_pp_baseline do)")
+  return PolicyObjective(loss_fn, advantage_fn, names, weights, token_weighted)
 
 
 def train_examples(config, task) -> int:
@@ -390,11 +399,18 @@ def reward_matrix(objective: PolicyObjective, correct, fmt, config, *, lengths=N
   return np.stack([columns[k] for k in objective.reward_names], axis=1)
 
 
-def advantages_of(objective: PolicyObjective, rewards, group_ids, num_groups: int, config):
-  """`[rows]` advantages of a reward matrix (`reward_matrix`) under `objective`."""
+def advantages_of(objective: PolicyObjective, rewards, group_ids, num_groups: int, config, *,
+                  lengths=None):
+  """`[rows]` advantages of a reward matrix (`reward_matrix`) under `objective`; a
+  token-weighted objective needs the completion `lengths` `[rows]`."""
+  extra = {}
+  if objective.token_weighted:
+    if lengths is None:
+      raise ValueError("config.advantage_token_weighted=True needs the completion lengths")
+    extra["token_counts"] = jnp.asarray(lengths, jnp.float32)
   return objective.advantage_fn(jnp.asarray(rewards), jnp.asarray(group_ids),
                                 num_groups=num_groups, eps=config.advantage_eps,
-                                reward_weights=objective.reward_weights)
+                                reward_weights=objective.reward_weights, **extra)
 
 
 def verify_groups(objective: PolicyObjective, task, records: Sequence[Mapping[str, Any]],
@@ -405,7 +421,7 @@ def verify_groups(objective: PolicyObjective, task, records: Sequence[Mapping[st
   correct, fmt, failures = rewards_for(task, records, texts, config.group_size,
                                        timeout_s=config.reward_timeout_s)
   rewards = reward_matrix(objective, correct, fmt, config, lengths=lengths)
-  adv = advantages_of(objective, rewards, group_ids, len(records), config)
+  adv = advantages_of(objective, rewards, group_ids, len(records), config, lengths=lengths)
   return Verified(correct, fmt, failures, adv, rewards)
 
 
@@ -524,8 +540,8 @@ class GRPO:
       self, self.rollout_options, draw=lambda: global_records(self.data_iter),
       verify=lambda records, texts, group_ids, lengths: verify_groups(
         self.objective, self.task, records, texts, group_ids, config, lengths=lengths),
-      advantages=lambda rewards, group_ids, num_groups: advantages_of(
-        self.objective, rewards, group_ids, num_groups, config))
+      advantages=lambda rewards, group_ids, num_groups, lengths: advantages_of(
+        self.objective, rewards, group_ids, num_groups, config, lengths=lengths))
     for start in self.hooks("start"):
       start(self, state)
 

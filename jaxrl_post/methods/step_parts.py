@@ -70,4 +70,10 @@ def build_step_parts(config, task) -> dict[str, Any]:
     "regularizer": cokl_regularizer.build_regularizer(config),
     "control": control_regularizer.build_control_regularizer(config, task),
   }
-  return {name: part for name, part in parts.items() if part is not None}
+  parts = {name: part for name, part in parts.items() if part is not None}
+  own = [name for name, part in parts.items() if hasattr(part, "rewards")]
+  if own and config.get("advantage_token_weighted", False):
+    # These parts compute the step's advantages themselves, without the completion lengths.
+    raise ValueError(f"config.advantage_token_weighted=True with config.{own[0]}: that part "
+                     "computes the step's advantages itself, unweighted; drop one of them")
+  return parts

@@ -169,6 +169,9 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   config.score_micro_batches = 1
   config.advantage = "grpo"
   config.advantage_eps = 1e-6
+  # Rows weighted by their completion length in the advantage's batch statistics (estimators
+  # that take `token_counts`: reinforce_pp / reinforce_pp_baseline, verl's token whitening).
+  config.advantage_token_weighted = False
   config.reward_weights = dict(correct=1.0, format=0.1)
   # DAPO's overlong shaping, a reward column when reward_weights names "overlong": 0 up to
   # max_len − cache_len tokens, linear to −1 at max_len, −1 past it (rewards.overlong).
