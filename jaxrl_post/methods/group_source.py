@@ -142,7 +142,7 @@ class GroupSource:
       rollout = Rollout(**rows, group_ids=group_ids)
       texts = method.sampler.decode_text(rollout)
       verified = self.verify(records, texts, group_ids, rows["completion_mask"].sum(axis=1))
-      rounds.append((records, rows, texts, verified))
+      rounds.append(StepGroups(records, rollout, texts, verified, {}))
       if self.dynamic is None:
         break
       self.dynamic.add(verified.rewards @ np.asarray(method.objective.reward_weights))
@@ -154,32 +154,33 @@ class GroupSource:
       metrics["rollout/redrawn_after_restart"] = float(self.redrawn)
       metrics["rollout/retry_lost_on_restart"] = float(self.lost_retries)
     if self.dynamic is None:
-      records, rows, texts, verified = rounds[0]
-      return StepGroups(records, Rollout(**rows, group_ids=group_ids), texts, verified, metrics)
+      return rounds[0]._replace(metrics=metrics)
     selection = self.dynamic.take()
     metrics.update(selection.stats.metrics())
-    kept = [{k: v[np.repeat(g * group_size, group_size) + np.tile(np.arange(group_size),
-                                                                   len(g))]
-             for k, v in r[1].items()} for r, g in zip(rounds, selection.round_groups)]
+    # The kept groups' rows of each round (prompts of different rounds may have different
+    # padded widths: concatenated left-padded to the widest).
+    kept = []
+    for r, groups in zip(rounds, selection.round_groups):
+      index = (groups[:, None] * group_size + np.arange(group_size)).reshape(-1)
+      kept.append({k: np.asarray(getattr(r.rollout, k))[index] for k in ROW_KEYS})
     rows = async_rollouts.concat_rows(
       kept, left_padded=("prompt_tokens", "prompt_mask"),
       pad_values={"prompt_tokens": method.sampler.pad_id, "prompt_mask": False})
-    records = selection.gather_groups([r[0] for r in rounds])
-    texts = selection.gather_groups([[r[2][i:i + group_size] for i in
-                                      range(0, len(r[2]), group_size)] for r in rounds])
-    texts = [t for group in texts for t in group]
-    pick = selection.gather
-    rewards = pick([r[3].rewards for r in rounds])
-    verified = type(rounds[0][3])(
-      correct=pick([r[3].correct for r in rounds]), format=pick([r[3].format for r in rounds]),
-      failures=type(rounds[0][3].failures)(
-        errors=sum(r[3].failures.errors for r in rounds),
-        timeouts=sum(r[3].failures.timeouts for r in rounds)),
+    records = selection.gather_groups([r.records for r in rounds])
+    texts = [t for r in rounds for t in r.texts]
+    pick = selection.gather  # kept rows of per-round `[rows_r]` arrays, in arrival order
+    rewards = pick([r.verified.rewards for r in rounds])
+    failures = [r.verified.failures for r in rounds]
+    verified = rounds[0].verified._replace(
+      correct=pick([r.verified.correct for r in rounds]),
+      format=pick([r.verified.format for r in rounds]),
+      failures=failures[0]._replace(errors=sum(f.errors for f in failures),
+                                    timeouts=sum(f.timeouts for f in failures)),
       adv=self.advantages(rewards, selection.group_ids, len(records),
                           rows["completion_mask"].sum(axis=1)),
       rewards=rewards)
     rollout = Rollout(**rows, group_ids=selection.group_ids)
-    return StepGroups(records, rollout, texts, verified, metrics)
+    return StepGroups(records, rollout, [texts[i] for i in selection.rows], verified, metrics)
 
   def after_update(self, state, step: int) -> dict[str, float]:
     """Publishes θ_step to the producer (`time/weight_sync`); nothing in sync mode."""
