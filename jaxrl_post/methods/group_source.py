@@ -20,10 +20,31 @@ thread, with the newest weights) the run equals the synchronous one step for ste
 
 Batches are numbered (`index`, the key `fold_in(rng, index)` of their sampling): without
 dynamic sampling batch t is step t's, the synchronous step's key.
+
+**Rollout admission** (`config.rollout.admission` a policy of `sampling.admission`, MISA-T
+arXiv 2608.11152; default "none" = the paths above, unchanged): each batch's prompts are
+drawn through a `RolloutScheduler` on a mixture task (`tasks.mixture`), whose domains are
+the workload classes. A prompt is a session whose KV footprint is its group's
+`(prompt tokens + max_new_tokens) × group_size` in blocks of `config.admission.block_tokens`;
+the scheduler releases one data batch per epoch into its backlog and admits
+`prompts_per_step` sessions under the policy's caps for a KV budget of
+`config.admission.kv_blocks` (0: `prompts_per_step ×` the largest footprint), holding the rest
+(their demand kept) and filling slots the caps leave free oldest first (a batch has a fixed
+shape). Residencies `T̂_b` are the groups' longest completions (decode steps). Metrics:
+`admission/held_<domain>` (held after the epoch), `admission/cap_<domain>`,
+`admission/forced`, `admission/backlog`, and `admission/tv_consumed_target` (TV of the
+domains the trainer consumed from the mixture weights). The scheduler's state (backlog
+records included) is checkpointed as of the data position a restart resumes from.
+
+Honest scope: this sampler generates static batches and keeps no prefix cache across
+batches, so admission here only changes *which* groups are generated *when* (the batch's
+domain mix); the KV-pressure effects the policies exist for are measured in the simulator
+(`sampling.serving_sim`, scripts/misa_t_sim.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -33,7 +54,7 @@ import numpy as np
 
 from jaxrl_post.methods import dynamic_sampling
 from jaxrl_post.parallel import multihost
-from jaxrl_post.sampling import Rollout
+from jaxrl_post.sampling import Rollout, admission
 from jaxrl_post.training import async_rollouts
 
 # The rollout's per-row arrays a step uses (record-major, `group_size` rows per record).
@@ -78,6 +99,57 @@ class GroupSource:
     self.next_index = 1  # the next batch's number (sync mode; the producer keeps its own)
     self.redrawn = 0  # batches in flight or buffered at the checkpoint a run resumed from
     self.lost_retries = 0  # prompts in the retry queue at that checkpoint
+    self.scheduler = build_scheduler(method, options)
+    if self.scheduler is not None:
+      self._raw_draw, self.draw = draw, self._admitted_draw
+      self._lock = threading.Lock()  # the producer's thread and the trainer's share it
+      self._batches: dict[int, tuple[list[int], dict[str, float]]] = {}
+      self._snapshot: dict[str, Any] | None = None
+      self.consumed = np.zeros(len(self.scheduler.classes), np.int64)
+
+  # -- rollout admission --
+
+  def _admitted_draw(self) -> list:
+    """One batch through the `RolloutScheduler` (module docstring)."""
+    with self._lock:
+      records = self.scheduler.next_batch(lambda: [_plain(r) for r in self._raw_draw()])
+      if len(self._batches) > 64:  # batches dropped as stale are never taken
+        self._batches.pop(next(iter(self._batches)))
+      self._batches[id(records)] = (self.scheduler.batch_ids(), self.scheduler.metrics())
+    return records
+
+  def _complete(self, records, rows: Mapping[str, np.ndarray]) -> None:
+    """Closes the batch's sessions: residency = the group's longest completion."""
+    info = self._batches.get(id(records))
+    if info is None:
+      return
+    config, tokenizer = self.method.config, self.method.tokenizer
+    lengths = np.asarray(rows["completion_mask"]).sum(axis=1).reshape(len(records), -1).max(1)
+    block = config.admission.block_tokens
+    with self._lock:
+      live = [(i, s) for i, s in enumerate(info[0]) if self.scheduler.ledger.class_of(s)]
+      self.scheduler.complete(
+        [s for _, s in live], residencies=[float(lengths[i]) for i, _ in live],
+        footprints=[admission.kv_blocks(
+          (len(tokenizer.encode(records[i]["prompt"])) + int(lengths[i]))
+          * config.group_size, block) for i, _ in live])
+
+  def _position(self) -> Any:
+    """The data iterator's state, with the scheduler's as of the same moment."""
+    if self.scheduler is None:
+      return self.method.data_iter.get_state()
+    with self._lock:
+      return {"data": self.method.data_iter.get_state(),
+              "admission": self.scheduler.state_dict()}
+
+  def _admission_metrics(self, records) -> dict[str, float]:
+    _, metrics = self._batches.pop(id(records), (None, {}))
+    for record in records:
+      self.consumed[self.scheduler.classes.index(self.method.task.domain_of(record))] += 1
+    metrics = {k: v for k, v in metrics.items() if k != "admission/tv_consumed_target"}
+    metrics["admission/tv_consumed_target"] = admission.mixture_tv(
+      self.consumed, self.scheduler.target)
+    return metrics
 
   # -- sampling one batch --
 
@@ -89,7 +161,10 @@ class GroupSource:
       params, [r["prompt"] for r in records], n_samples_per_prompt=config.group_size,
       max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
       top_p=config.top_p, rng=jax.random.fold_in(self.method.rng, index))
-    return multihost.to_host({k: getattr(rollout, k) for k in ROW_KEYS})
+    rows = multihost.to_host({k: getattr(rollout, k) for k in ROW_KEYS})
+    if self.scheduler is not None:
+      self._complete(records, rows)
+    return rows
 
   def _start_producer(self, state, step: int) -> None:
     placement = self.method.run.placement
@@ -98,7 +173,7 @@ class GroupSource:
       bucket_bytes=async_rollouts.bucket_bytes(self.options), verify=self.options.verify_sync)
     self.weights.publish(self.method.policy_params(state.params), version=step - 1)
     self.producer = async_rollouts.RolloutProducer(
-      draw=self.draw, data_state=self.method.data_iter.get_state, generate=self._generate,
+      draw=self.draw, data_state=self._position, generate=self._generate,
       weights=self.weights, options=self.options, first_index=self.next_index)
 
   def _next_batch(self, state, step: int, timings: dict[str, float]):
@@ -149,6 +224,8 @@ class GroupSource:
       if self.dynamic.full():
         break
     metrics = async_rollouts.staleness_metrics(stalenesses)
+    if self.scheduler is not None:
+      metrics.update(self._admission_metrics(records))
     if self.producer is not None:
       metrics.update({f"rollout/{k}": float(v) for k, v in self.producer.counts.items()})
       metrics["rollout/redrawn_after_restart"] = float(self.redrawn)
@@ -191,22 +268,34 @@ class GroupSource:
   # -- checkpoints --
 
   def data_state(self) -> Any:
-    """The data position a restart resumes from (before the oldest unconsumed batch)."""
-    if self.producer is not None:
-      return self.producer.resume_state()
-    return self.method.data_iter.get_state()
+    """The data position a restart resumes from (before the oldest unconsumed batch); with
+    admission, the scheduler's state of that moment is kept for `state_dict`."""
+    state = self.producer.resume_state() if self.producer is not None else self._position()
+    if self.scheduler is None:
+      return state
+    self._snapshot = state["admission"]
+    return state["data"]
 
   def state_dict(self) -> dict[str, Any]:
     state = {"next_index": self.next_index}
     if self.producer is not None:
       state["retry_queued"] = self.producer.retry_queued()
       state["unconsumed"] = self.producer.unconsumed()
+    if self.scheduler is not None:
+      if self._snapshot is None:  # `data_state` was not asked first
+        self.data_state()
+      state["admission"] = self._snapshot
+      state["consumed"] = self.consumed.tolist()
+      self._snapshot = None
     return state
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     self.next_index = int(state.get("next_index", self.next_index))
     self.lost_retries = int(state.get("retry_queued", 0))
     self.redrawn = int(state.get("unconsumed", 0))
+    if self.scheduler is not None and "admission" in state:
+      self.scheduler.load_state_dict(state["admission"])
+      self.consumed = np.asarray(state["consumed"], np.int64)
 
   def close(self) -> None:
     if self.producer is not None:
@@ -226,13 +315,14 @@ def build_group_source(method, options: async_rollouts.RolloutOptions, *,
       `GRPO.step` takes its groups from here).
   """
   dynamic = dynamic_sampling.DynamicSamplingBuffer.from_config(method.config)
-  if not options.uses_producer and dynamic is None:
+  if not options.uses_producer and dynamic is None and options.admission == "none":
     return None
   if type(method).step.__qualname__ != "GRPO.step":
     raise ValueError(
-      f"config.rollout.mode={options.mode!r} / config.dynamic_sampling: method "
-      f"{method.name!r} has a step of its own, which does not take its groups from "
-      "`methods.group_source`; use mode 'sync' and dynamic_sampling.max_rounds=0")
+      f"config.rollout.mode={options.mode!r} / config.dynamic_sampling / "
+      f"config.rollout.admission: method {method.name!r} has a step of its own, which does not "
+      "take its groups from `methods.group_source`; use mode 'sync', "
+      "dynamic_sampling.max_rounds=0 and admission 'none'")
   return GroupSource(method, options, dynamic=dynamic, draw=draw, verify=verify,
                      advantages=advantages)
 
@@ -265,3 +355,56 @@ def true_on_policy_metrics(rollout: Rollout, old_logp, completion_mask, tol: flo
   metrics = async_rollouts.check_true_on_policy(
     multihost.to_host(rollout.logp), multihost.to_host(old_logp), completion_mask, tol)
   return {f"rollout/{k}": v for k, v in metrics.items()}
+
+
+# `config.admission` keys and defaults (PROPOSAL values, `sampling.admission`).
+ADMISSION_DEFAULTS = {"kv_blocks": 0, "block_tokens": 16, "max_releases": 4, "window": 64,
+                      "footprint_quantile": 0.9}
+
+
+def _plain(record: Mapping[str, Any]) -> dict[str, Any]:
+  """A record with numpy scalars as Python values (the scheduler's state is JSON)."""
+  return {k: v.item() if isinstance(v, np.generic) else v for k, v in record.items()}
+
+
+def build_scheduler(method, options: async_rollouts.RolloutOptions
+                    ) -> admission.RolloutScheduler | None:
+  """The `RolloutScheduler` of `config.rollout.admission` (None for "none"; module docstring).
+
+  Raises:
+    ValueError: naming `config.rollout.admission` for a task without domains (not a
+      mixture), or the `config.admission.*` key that is out of range.
+  """
+  if options.admission == "none":
+    return None
+  config, task = method.config, method.task
+  if not hasattr(task, "domains") or not hasattr(task, "domain_of"):
+    raise ValueError(f"config.rollout.admission={options.admission!r} needs a task with "
+                     f"workload classes (config.task='mixture'), got {config.task!r}")
+  section = config.get("admission") or {}
+  unknown = sorted(set(section) - set(ADMISSION_DEFAULTS))
+  if unknown:
+    raise ValueError(f"config.admission has unknown key(s) {unknown}; valid: "
+                     f"{sorted(ADMISSION_DEFAULTS)}")
+  knobs = {k: section.get(k, v) for k, v in ADMISSION_DEFAULTS.items()}
+  if knobs["kv_blocks"] < 0:
+    raise ValueError(f"config.admission.kv_blocks={knobs['kv_blocks']} must be >= 0 (0: auto)")
+  block = int(knobs["block_tokens"])
+  weights = task.weights
+  classes = tuple(d for d in task.domains if weights[d] > 0)
+  tokenizer = method.tokenizer
+
+  def footprint_of(record) -> int:
+    prompt = len(tokenizer.encode(record["prompt"]))
+    return admission.kv_blocks((prompt + config.max_new_tokens) * config.group_size, block)
+
+  prior = admission.kv_blocks(
+    (config.get("prompt_len", 0) + config.max_new_tokens) * config.group_size, block)
+  capacity = knobs["kv_blocks"] or config.prompts_per_step * prior
+  return admission.RolloutScheduler(
+    options.admission, classes=classes, target={c: weights[c] for c in classes},
+    batch_size=config.prompts_per_step, capacity=capacity, classify=task.domain_of,
+    footprint_of=footprint_of, prior_footprint={c: prior for c in classes},
+    prior_residency={c: float(config.max_new_tokens) for c in classes},
+    max_releases=int(knobs["max_releases"]), window=int(knobs["window"]),
+    footprint_quantile=float(knobs["footprint_quantile"]))

@@ -49,6 +49,10 @@ after a restart their prompts are drawn again and sampled with the restored weig
 prompt is skipped or repeated; `rollout/redrawn_after_restart` counts them). Prompts waiting
 in the retry queue at a checkpoint are not saved (counted as `rollout/retry_lost_on_restart`).
 
+Admission (`config.rollout.admission`, default "none"): the producer's batches are drawn
+through a `sampling.admission.RolloutScheduler` (`methods.group_source`), whose state is part
+of the data position saved above.
+
 Scope. One process: with several processes every sampler call is a collective that all of
 them must issue in the same order, which a free-running producer cannot promise; separate
 sampler and trainer processes are not built (`check_supported`).
@@ -70,6 +74,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_post.parallel.axes import Rules, state_shardings
 from jaxrl_post.parallel.reshard import reshard
+from jaxrl_post.sampling import admission
 
 ROLLOUT_MODES = ("sync", "one_step_off", "async")
 UNUSED_POLICIES = ("drop", "retry")
@@ -91,6 +96,10 @@ class RolloutOptions:
   # The PPO ratio's denominator: "trainer" (recomputed with θ_{t−1}, the proximal policy) or
   # "sampler" (the recorded log-probs of the policy that sampled; no scoring pass).
   old_logp: str = "trainer"
+  # Rollout admission (`sampling.admission`, MISA-T arXiv 2608.11152): "none" (every drawn
+  # batch is generated as drawn) or a policy the batches are drawn through
+  # (`methods.group_source`: static / session / misa / misa_t).
+  admission: str = "none"
 
   @property
   def ahead(self) -> int:
@@ -138,6 +147,9 @@ def rollout_options(config) -> RolloutOptions:
       "sampler_correction", "none") != "none":
     raise ValueError("config.loss.sampler_correction weights exp(old_logp − sampler_logp), "
                      "which is 1 with config.rollout.old_logp='sampler': set one of them")
+  if options.admission != "none" and options.admission not in admission.ADMISSION_POLICIES:
+    raise ValueError(f"config.rollout.admission={options.admission!r}; valid: none, "
+                     f"{', '.join(admission.ADMISSION_POLICIES.names())}")
   if options.true_on_policy and options.uses_producer:
     raise ValueError(f"config.rollout.true_on_policy needs config.rollout.mode='sync' (got "
                      f"{options.mode!r}): a batch sampled with older weights cannot match the "
