@@ -24,6 +24,7 @@ the order they run:
   replay         methods.group_replay      Headroom-Drift replay and its baselines
   regularizer    methods.cokl_regularizer  CoKL's correctness-conditioned KL
   control        methods.control_regularizer  CD-RFT's shared-control-bottleneck penalty
+  moe_aux_loss_coef, fault  methods.fault_injection  MoE load-balancing loss; fault injectors
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from jaxrl_post.methods import (
   cokl_regularizer,
   control_regularizer,
   critic,
+  fault_injection,
   group_replay,
   interventions,
   rubric_evolution,
@@ -69,6 +71,7 @@ def build_step_parts(config, task) -> dict[str, Any]:
     "replay": group_replay.build_group_replay(config),
     "regularizer": cokl_regularizer.build_regularizer(config),
     "control": control_regularizer.build_control_regularizer(config, task),
+    "moe": fault_injection.build_moe_step_part(config),
   }
   parts = {name: part for name, part in parts.items() if part is not None}
   own = [name for name, part in parts.items() if hasattr(part, "rewards")]

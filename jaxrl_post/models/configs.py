@@ -125,6 +125,25 @@ def smollm3_3b() -> ModelConfig:
                      **_REAL_SIZE)
 
 
+@_preset("qwen3_moe_tiny")
+def qwen3_moe_tiny() -> ModelConfig:
+  # A random Qwen3-MoE for tests and the CPU proxy studies (configs/moe_proxy.py): 16 experts,
+  # top-2, every layer sparse, character-level vocabulary like `small`.
+  return ModelConfig(family="qwen3_moe", vocab_size=256, embed_dim=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128, qk_norm=True,
+                     max_position_embeddings=512, num_experts=16, num_experts_per_tok=2,
+                     moe_mlp_dim=32, norm_topk_prob=True, router_aux_loss_coef=0.001)
+
+
+@_preset("qwen3_30b_a3b")
+def qwen3_30b_a3b() -> ModelConfig:
+  # Qwen/Qwen3-30B-A3B config.json: 48 layers, 128 experts, top-8, every layer sparse.
+  return _qwen3(family="qwen3_moe", embed_dim=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+                mlp_dim=6144, tie_embeddings=False, max_position_embeddings=40_960,
+                num_experts=128, num_experts_per_tok=8, moe_mlp_dim=768, norm_topk_prob=True,
+                decoder_sparse_step=1, router_aux_loss_coef=0.001, moe_impl="ragged")
+
+
 def get_model_config(name: str, **overrides) -> ModelConfig:
   """The preset `name`, with dataclass fields replaced by `overrides`.
 
@@ -135,4 +154,7 @@ def get_model_config(name: str, **overrides) -> ModelConfig:
   if "num_layers" in overrides and "nope_layers" not in overrides:
     # A reduced-depth variant keeps the NoPE pattern of the layers it keeps.
     overrides["nope_layers"] = tuple(i for i in config.nope_layers if i < overrides["num_layers"])
+  if "num_layers" in overrides and "mlp_only_layers" not in overrides:
+    overrides["mlp_only_layers"] = tuple(i for i in config.mlp_only_layers
+                                         if i < overrides["num_layers"])
   return config.replace(**overrides)

@@ -10,6 +10,13 @@ o_proj `[embed, heads·head_dim]` ↔ `[heads, head_dim, embed]`. With
 `scan_layers` the layers' leaves are stacked `[num_layers, ...]` and layer i's
 tensor fills index i.
 
+Qwen3-MoE (`Qwen3MoeForCausalLM`): the Hub checkpoints (Qwen/Qwen3-30B-A3B) and what
+`transformers` 5.x `save_pretrained` writes both hold one tensor per expert,
+`model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight`, and the router
+`model.layers.{i}.mlp.gate.weight` `[E, embed]` (transformers fuses the experts into
+`gate_up_proj` `[E, 2·moe_mlp, embed]` only in memory, converting on load and save). Expert e's
+tensor fills index e of our stacked `[E, ...]` leaf (after the layer index when scanned).
+
 Loading onto a mesh reads per device only the slice of each tensor that its
 shard holds (`TensorSpec.read_block`), so a model larger than one host's
 memory loads, each process reading only what its own devices need.
@@ -47,6 +54,7 @@ ARCHITECTURES = {
   "qwen2": "Qwen2ForCausalLM",
   "qwen3": "Qwen3ForCausalLM",
   "smollm3": "SmolLM3ForCausalLM",
+  "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 # Tensors some exporters write that carry no learned state.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -86,6 +94,7 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype=jnp.float32, dtype=None,
     raise CheckpointError(
       f"config.json: unsupported architectures={architectures} / model_type={model_type!r}; "
       f"supported: {', '.join(f'{a} ({t})' for t, a in ARCHITECTURES.items())}")
+  moe = _moe_from_hf(hf) if model_type == "qwen3_moe" else {}
   if hf.get("hidden_act", "silu") != "silu":
     raise CheckpointError(f"config.json: hidden_act={hf['hidden_act']!r}; only 'silu' is supported")
   if hf.get("use_sliding_window"):
@@ -134,7 +143,7 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype=jnp.float32, dtype=None,
     qkv_bias=True if model_type == "qwen2" else attention_bias,
     o_bias=False if model_type == "qwen2" else attention_bias,
     mlp_bias=bool(hf.get("mlp_bias", False)),
-    qk_norm=model_type == "qwen3",
+    qk_norm=model_type in ("qwen3", "qwen3_moe"),
     nope_layers=nope_layers,
     param_dtype=param_dtype,
     dtype=param_dtype if dtype is None else dtype,
@@ -142,8 +151,23 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype=jnp.float32, dtype=None,
     bos_token_id=hf.get("bos_token_id"),
     eos_token_ids=eos,
     pad_token_id=hf.get("pad_token_id"),
+    **moe,
     **options,
   )
+
+
+def _moe_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
+  """The `ModelConfig` MoE fields of a Qwen3-MoE `config.json` (HF class defaults when absent;
+  transformers 5.x writes `num_local_experts`, the Hub files `num_experts`)."""
+  experts = hf.get("num_experts", hf.get("num_local_experts", 128))
+  if "moe_intermediate_size" not in hf:
+    raise CheckpointError("config.json: missing required key 'moe_intermediate_size'")
+  return dict(num_experts=int(experts), num_experts_per_tok=int(hf.get("num_experts_per_tok", 8)),
+              moe_mlp_dim=int(hf["moe_intermediate_size"]),
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+              decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
+              mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+              router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)))
 
 
 def config_to_hf(config: ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
@@ -154,7 +178,7 @@ def config_to_hf(config: ModelConfig, *, torch_dtype: str = "float32") -> dict[s
   if c.family != "qwen2" and c.qkv_bias != c.o_bias:
     raise ValueError(f"{c.family} has one attention_bias flag for q/k/v/o; got "
                      f"qkv_bias={c.qkv_bias}, o_bias={c.o_bias}")
-  if c.qk_norm != (c.family == "qwen3"):
+  if c.qk_norm != (c.family in ("qwen3", "qwen3_moe")):
     raise ValueError(f"qk_norm={c.qk_norm} cannot be expressed for family {c.family}")
   if c.nope_layers and c.family != "smollm3":
     raise ValueError(f"nope_layers need the smollm3 family, not {c.family}")
@@ -185,6 +209,11 @@ def config_to_hf(config: ModelConfig, *, torch_dtype: str = "float32") -> dict[s
   }
   if c.family == "smollm3":
     hf["no_rope_layers"] = [int(c.uses_rope(i)) for i in range(c.num_layers)]
+  if c.family == "qwen3_moe":
+    hf.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+              moe_intermediate_size=c.moe_mlp_dim, norm_topk_prob=c.norm_topk_prob,
+              decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=list(c.mlp_only_layers),
+              router_aux_loss_coef=c.router_aux_loss_coef, output_router_logits=False)
   return hf
 
 
@@ -208,6 +237,8 @@ class TensorSpec:
     perm: HF axes in the order of ours, before the split.
     layer: with `scan_layers`, the index along the leaf's leading `layers`
       axis that this tensor fills; None for a leaf of its own.
+    expert: for one expert's tensor, its index along the leaf's `[E]` axis (after
+      `layers` when scanned); None otherwise.
   """
 
   hf_name: str
@@ -216,6 +247,12 @@ class TensorSpec:
   shape: tuple[int, ...]
   perm: tuple[int, ...]
   layer: int | None = None
+  expert: int | None = None
+
+  @property
+  def lead(self) -> tuple[int, ...]:
+    """The indices along the leaf's stacked leading axes (layers, experts) this tensor fills."""
+    return tuple(i for i in (self.layer, self.expert) if i is not None)
 
   def __post_init__(self):
     if sorted(self.perm) != list(range(len(self.hf_shape))):
@@ -350,10 +387,23 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
       spec("self_attn.k_proj.weight", ("attn", "k_proj"), _linear(k * h, d, (k, h))),
       spec("self_attn.v_proj.weight", ("attn", "v_proj"), _linear(k * h, d, (k, h))),
       spec("self_attn.o_proj.weight", ("attn", "o_proj"), _linear_in(d, (n, h))),
-      spec("mlp.gate_proj.weight", ("mlp", "gate_proj"), _linear(f, d)),
-      spec("mlp.up_proj.weight", ("mlp", "up_proj"), _linear(f, d)),
-      spec("mlp.down_proj.weight", ("mlp", "down_proj"), _linear(d, f)),
     ]
+    if c.is_moe_layer(i):
+      fe = c.moe_mlp_dim
+      specs.append(spec("mlp.gate.weight", ("mlp", "router"), _linear(c.num_experts, d)))
+      for e in range(c.num_experts):
+        for name, leaf_name, layout in (("gate_proj", "w_gate", _linear(fe, d)),
+                                        ("up_proj", "w_up", _linear(fe, d)),
+                                        ("down_proj", "w_down", _linear(d, fe))):
+          specs.append(TensorSpec(f"{hf}.mlp.experts.{e}.{name}.weight",
+                                  path=(*leaf, "mlp", leaf_name), layer=layer, expert=e,
+                                  **layout))
+    else:
+      specs += [
+        spec("mlp.gate_proj.weight", ("mlp", "gate_proj"), _linear(f, d)),
+        spec("mlp.up_proj.weight", ("mlp", "up_proj"), _linear(f, d)),
+        spec("mlp.down_proj.weight", ("mlp", "down_proj"), _linear(d, f)),
+      ]
     if c.qkv_bias:
       specs += [
         spec("self_attn.q_proj.bias", ("attn", "q_bias"), _reshape((n, h))),
@@ -407,31 +457,39 @@ def _check_tensor(reader: CheckpointReader, spec: TensorSpec):
                           f"a floating-point dtype expected")
 
 
+def _lead_shape(specs: list[TensorSpec]) -> tuple[int, ...]:
+  """Sizes of a leaf's stacked leading axes (layers and/or experts) filled by `specs`."""
+  n = len(specs[0].lead)
+  return tuple(max(s.lead[a] for s in specs) + 1 for a in range(n))
+
+
 def _leaf_reader(reader: CheckpointReader, specs: list[TensorSpec], dtype: np.dtype):
   """`index -> block` of one leaf in `dtype`, for `jax.make_array_from_callback`.
 
-  `specs` fill the leaf: one tensor, or one per layer of a stacked leaf (then
-  the index's first slice picks the layers, and only those are read). Devices
-  that hold the same block (replicas over a mesh axis) share one read.
+  `specs` fill the leaf: one tensor, or one per layer and/or expert of a stacked leaf (then the
+  index's first slices pick the layers / experts, and only those are read). Devices that hold
+  the same block (replicas over a mesh axis) share one read.
   """
-  stacked = specs[0].layer is not None
+  lead_shape = _lead_shape(specs)
+  by_lead = {s.lead: s for s in specs}
   blocks: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
   def read(index: tuple[slice, ...]) -> np.ndarray:
-    shape = (len(specs), *specs[0].shape) if stacked else specs[0].shape
+    shape = (*lead_shape, *specs[0].shape)
     key = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
     if key in blocks:
       return blocks[key]
-    if not stacked:
+    if not lead_shape:
       block = np.asarray(specs[0].read_block(reader, index), dtype=dtype)
     else:
-      (first, stop), inner = key[0], index[1:]
+      ranges, inner = key[:len(lead_shape)], index[len(lead_shape):]
       block = None
-      for j, layer in enumerate(range(first, stop)):
-        part = specs[layer].read_block(reader, inner)
+      for lead in np.ndindex(*[stop - start for start, stop in ranges]):
+        part = by_lead[tuple(start + i for (start, _), i in zip(ranges, lead))].read_block(
+          reader, inner)
         if block is None:
-          block = np.empty((stop - first, *part.shape), dtype)
-        block[j] = part  # Cast on assignment: no second copy of the layer's block.
+          block = np.empty((*[stop - start for start, stop in ranges], *part.shape), dtype)
+        block[lead] = part  # Cast on assignment: no second copy of the tensor's block.
     blocks[key] = block
     return block
 
@@ -509,10 +567,9 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
   for leaf_path, leaf_specs in leaves.items():
     variable = variables[leaf_path]
     shape = tuple(variable.get_value().shape)
-    stacked = leaf_specs[0].layer is not None
-    expected = (len(leaf_specs), *leaf_specs[0].shape) if stacked else leaf_specs[0].shape
-    if shape != expected or (stacked and [s.layer for s in leaf_specs]
-                             != list(range(len(leaf_specs)))):
+    lead_shape = _lead_shape(leaf_specs)
+    expected = (*lead_shape, *leaf_specs[0].shape)
+    if shape != expected or sorted(s.lead for s in leaf_specs) != list(np.ndindex(*lead_shape)):
       raise ValueError(f"leaf {leaf_path}: model shape {list(shape)}, the tensor table gives "
                        f"{list(expected)} ({leaf_specs[0].hf_name}, ...)")
     if mesh is not None:
@@ -521,9 +578,9 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None,
       array = jax.make_array_from_callback(
         shape, sharding, _leaf_reader(reader, leaf_specs, param_dtype), dtype=param_dtype)
     else:
-      value = (np.stack([s.to_ours(reader.read(s.hf_name)).astype(param_dtype)
-                         for s in leaf_specs]) if stacked
-               else leaf_specs[0].to_ours(reader.read(leaf_specs[0].hf_name)).astype(param_dtype))
+      value = np.empty(expected, param_dtype)
+      for s in leaf_specs:
+        value[s.lead] = s.to_ours(reader.read(s.hf_name))
       array = jnp.asarray(value)
       del value  # The host copy goes before the next tensor is read.
     loaded.append((leaf_path, variable.replace(array)))
@@ -553,8 +610,8 @@ def save_hf(model: CausalLM, path: str | os.PathLike, *, dtype=None,
   tensors = {}
   for spec in tensor_specs(config):
     value = variables[spec.path].get_value()
-    if spec.layer is not None:  # A stacked leaf: only this layer comes to the host.
-      value = value[spec.layer]
+    if spec.lead:  # A stacked leaf: only this layer / expert comes to the host.
+      value = value[spec.lead]
     value = np.asarray(jax.device_get(value))
     tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value).astype(dtype))
   path = Path(path)

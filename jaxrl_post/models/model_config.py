@@ -9,6 +9,7 @@ between them are a handful of switches:
 | qwen2   | q/k/v bias (no o_proj bias)                                       |
 | qwen3   | per-head RMSNorm on queries and keys (QK-norm) before RoPE         |
 | smollm3 | no RoPE ("NoPE") on the layers listed in `nope_layers`            |
+| qwen3_moe | qwen3 attention; sparse layers use a Mixture-of-Experts MLP (`num_experts` > 0) |
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-FAMILIES = ("llama", "qwen2", "qwen3", "smollm3")
+FAMILIES = ("llama", "qwen2", "qwen3", "smollm3", "qwen3_moe")
+MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "plain")
 # Rematerialisation of a decoder layer in the backward pass (`jax.checkpoint`):
 # "none" keeps every activation, "full" recomputes the whole layer from its
@@ -112,6 +114,15 @@ class ModelConfig:
       of the q/k/v/o and MLP projections are kept, the attention einsums, which
       have batch dimensions, norms and activations are recomputed).
     bos_token_id, eos_token_ids, pad_token_id: carried through HF round trips.
+    num_experts: experts per sparse layer (HF `num_experts`); 0 is a dense model.
+    num_experts_per_tok: experts each token is routed to (top-k).
+    moe_mlp_dim: SwiGLU width of one expert (HF `moe_intermediate_size`).
+    norm_topk_prob: renormalise the top-k routing weights to sum to one.
+    decoder_sparse_step: layer i is sparse when (i + 1) % step == 0 (HF semantics) ...
+    mlp_only_layers: ... and i is not listed here (those keep the dense `mlp_dim` MLP).
+    router_aux_loss_coef: weight of the load-balancing loss (`models.moe`) in training
+      objectives that add it (HF `router_aux_loss_coef`; 0 disables).
+    moe_impl: expert dispatch, "dense" or "ragged" (`models.moe`).
   """
 
   family: str
@@ -141,6 +152,14 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_mlp_dim: int = 0
+  norm_topk_prob: bool = False
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  router_aux_loss_coef: float = 0.001
+  moe_impl: str = "dense"
 
   def __post_init__(self):
     # Normalise dtypes given as strings ("bfloat16") so configs stay hashable
@@ -149,6 +168,7 @@ class ModelConfig:
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
     object.__setattr__(self, "nope_layers", tuple(int(i) for i in self.nope_layers))
     object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+    object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
     if isinstance(self.rope_scaling, dict):
       object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
     if self.family not in FAMILIES:
@@ -179,6 +199,46 @@ class ModelConfig:
     for name in ("param_dtype", "dtype"):
       if not jnp.issubdtype(getattr(self, name), jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")
+    self._check_moe()
+
+  def _check_moe(self):
+    if self.num_experts < 0:
+      raise ValueError(f"num_experts={self.num_experts} must be >= 0 (0: dense)")
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f"moe_impl={self.moe_impl!r} is not supported; valid: {MOE_IMPLS}")
+    if self.num_experts and self.family != "qwen3_moe":
+      raise ValueError(f"num_experts={self.num_experts} needs family='qwen3_moe', not "
+                       f"{self.family!r}")
+    if not self.num_experts:
+      return
+    if not 1 <= self.num_experts_per_tok <= self.num_experts:
+      raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in "
+                       f"[1, num_experts={self.num_experts}]")
+    if self.moe_mlp_dim < 1:
+      raise ValueError(f"moe_mlp_dim must be positive, got {self.moe_mlp_dim}")
+    if self.decoder_sparse_step < 1:
+      raise ValueError(f"decoder_sparse_step={self.decoder_sparse_step} must be >= 1")
+    bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise ValueError(f"mlp_only_layers {bad} are outside [0, num_layers={self.num_layers})")
+    if self.router_aux_loss_coef < 0:
+      raise ValueError(f"router_aux_loss_coef={self.router_aux_loss_coef} must be >= 0")
+    kinds = {self.is_moe_layer(i) for i in range(self.num_layers)}
+    if self.scan_layers and len(kinds) > 1:
+      raise ValueError(
+        f"scan_layers=True needs every layer of one kind; decoder_sparse_step="
+        f"{self.decoder_sparse_step} and mlp_only_layers={self.mlp_only_layers} mix dense and "
+        "MoE layers (use scan_layers=False)")
+
+  def is_moe_layer(self, layer: int) -> bool:
+    """Whether layer `layer` has the Mixture-of-Experts MLP (HF `Qwen3MoeDecoderLayer`)."""
+    return (self.num_experts > 0 and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the sparse layers, in order."""
+    return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
 
   @property
   def num_groups(self) -> int:
@@ -198,8 +258,11 @@ class ModelConfig:
     attn = d * n * h + 2 * d * k * h + n * h * d
     attn += (n * h + 2 * k * h) * self.qkv_bias + d * self.o_bias + 2 * h * self.qk_norm
     mlp = 3 * d * f + (2 * f + d) * self.mlp_bias
-    per_layer = attn + mlp + 2 * d
-    return self.num_layers * per_layer + d + v * d * (1 if self.tie_embeddings else 2)
+    moe = self.num_experts * 3 * d * self.moe_mlp_dim + d * self.num_experts
+    sparse = len(self.moe_layers)
+    per_layer = attn + 2 * d
+    return (self.num_layers * per_layer + (self.num_layers - sparse) * mlp + sparse * moe
+            + d + v * d * (1 if self.tie_embeddings else 2))
 
   def flops_per_token(self, context: int) -> float:
     """Forward FLOPs per token: 2 per matmul weight, plus attention over `context` keys.
@@ -208,7 +271,10 @@ class ModelConfig:
     output projection counts once even when tied.
     """
     d, n, k, h, f = self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim, self.mlp_dim
-    matmul_weights = self.num_layers * (2 * d * n * h + 2 * d * k * h + 3 * d * f)
+    sparse = len(self.moe_layers)  # Active experts only: k SwiGLUs and the router.
+    active_moe = 3 * d * self.moe_mlp_dim * self.num_experts_per_tok + d * self.num_experts
+    matmul_weights = (self.num_layers * (2 * d * n * h + 2 * d * k * h)
+                      + (self.num_layers - sparse) * 3 * d * f + sparse * active_moe)
     matmul_weights += self.vocab_size * d
     attention = 2 * 2 * self.num_layers * n * h * context  # q·k and p·v
     return 2.0 * matmul_weights + attention

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_post.models import moe
 from jaxrl_post.models.dense import dense
 from jaxrl_post.models.lora import with_lora
 from jaxrl_post.models.model_config import ModelConfig, rope_inverse_frequencies
@@ -582,7 +583,8 @@ class DecoderLayer(nnx.Module):
   """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
 
   `layer`: the block's index, or None for the stacked block of a
-  `scan_layers` model (see `Attention`).
+  `scan_layers` model (see `Attention`; its layers are all of one kind). A
+  sparse layer (`config.is_moe_layer`) has a `moe.MoEBlock` as its `mlp`.
   """
 
   def __init__(self, config: ModelConfig, layer: int | None, *, rngs: nnx.Rngs):
@@ -590,13 +592,27 @@ class DecoderLayer(nnx.Module):
     self.input_norm = RMSNorm(config.embed_dim, **kw)
     self.attn = Attention(config, layer, rngs=rngs)
     self.post_attn_norm = RMSNorm(config.embed_dim, **kw)
-    self.mlp = MLP(config, rngs=rngs)
+    self.sparse = config.is_moe_layer(0 if layer is None else layer)
+    self.mlp = moe.MoEBlock(config, rngs=rngs) if self.sparse else MLP(config, rngs=rngs)
 
-  def __call__(self, x, **attn_kwargs):
+  def __call__(self, x, collect=None, **attn_kwargs):
+    """Returns `(x, new_kv, aux)`; `aux` is None, or for a sparse layer with `collect`
+    ("router" or "inputs") a dict with its `router_logits` `[b, t, E]` (and with "inputs" the
+    MoE block's input `inputs` `[b, t, embed]`)."""
     h, new_kv = self.attn(self.input_norm(x), **attn_kwargs)
     x = x + h
-    x = x + self.mlp(self.post_attn_norm(x))
-    return constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED)), new_kv
+    h = self.post_attn_norm(x)
+    aux = None
+    if self.sparse:
+      y, logits = self.mlp(h, collect=collect is not None)
+      if collect is not None:
+        aux = dict(router_logits=logits)
+        if collect == "inputs":
+          aux["inputs"] = h
+    else:
+      y = self.mlp(h)
+    x = x + y
+    return constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED)), new_kv, aux
 
 
 @functools.lru_cache(maxsize=64)
@@ -775,33 +791,39 @@ class CausalLM(nnx.Module):
                    v=tuple(jnp.zeros(v_shape, dtype) for _ in range(c.num_layers)),
                    mask=jnp.zeros((batch, max_len), jnp.bool_), index=jnp.zeros((), jnp.int32))
 
-  def _unrolled_layers(self, x, *, sin, cos, mask, cache):
-    """The Python loop over `self.layers`; returns `(x, new_k, new_v)` (tuples, or None)."""
+  def _unrolled_layers(self, x, *, sin, cos, mask, cache, collect=None):
+    """The Python loop over `self.layers`; returns `(x, new_k, new_v, aux)` (tuples, or None;
+    `aux`: the sparse layers' collected router outputs, see `DecoderLayer`)."""
     policy = self.config.remat_policy
-    new_k, new_v = [], []
+    new_k, new_v, auxes = [], [], []
     for i, layer in enumerate(self.layers):
-      kwargs = dict(sin=sin, cos=cos, mask=mask)
+      kwargs = dict(sin=sin, cos=cos, mask=mask, collect=collect)
       if cache is not None:
         kwargs.update(cache_kv=(cache.k[i], cache.v[i]), cache_index=cache.index)
         if cache.prefix_mask is not None:
           kwargs.update(prefix=(cache.prefix_k[i], cache.prefix_v[i], cache.prefix_mask))
       if policy == "none":
-        x, kv = layer(x, **kwargs)
+        x, kv, aux = layer(x, **kwargs)
       else:
         # Functional form, so that `jax.checkpoint` sees the layer's parameters
         # as arguments (saved for the backward pass, never recomputed).
         graphdef, params = nnx.split(layer)
-        call = lambda params, x, kwargs, graphdef=graphdef: nnx.merge(graphdef, params)(  # noqa: E731
-          x, **kwargs)
-        x, kv = _rematted(call, policy, prevent_cse=True)(params, x, kwargs)
+        call = lambda params, x, kwargs, graphdef=graphdef, static=None: nnx.merge(  # noqa: E731
+          graphdef, params)(x, **kwargs, **(static or {}))
+        static = dict(collect=kwargs.pop("collect"))
+        call = functools.partial(call, static=static)
+        x, kv, aux = _rematted(call, policy, prevent_cse=True)(params, x, kwargs)
+      if aux is not None:
+        auxes.append(aux)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
+    aux = jax.tree.map(lambda *a: jnp.stack(a), *auxes) if auxes else None
     if cache is None:
-      return x, None, None
-    return x, tuple(new_k), tuple(new_v)
+      return x, None, None, aux
+    return x, tuple(new_k), tuple(new_v), aux
 
-  def _scanned_layers(self, x, *, sin, cos, mask, cache):
+  def _scanned_layers(self, x, *, sin, cos, mask, cache, collect=None):
     """`jax.lax.scan` of the stacked block over its `[L, ...]` parameters.
 
     xs per step: the layer's parameter slice, its index, its RoPE flag (when
@@ -815,13 +837,14 @@ class CausalLM(nnx.Module):
     `qwen3_0p6b` decoding 64 rows × 384 slots on XLA:CPU that held 11.2 GB
     of temporaries (a second and third cache) and compiled in 9.1 s, against
     5.2 GB and ≈ 4 s this way (unrolled: 4.1 GB, 36.7 s).
-    Returns `(x, new_k, new_v)` (arrays, or None).
+    Returns `(x, new_k, new_v, aux)` (arrays, or None; `aux` the stacked per-layer router
+    outputs when `collect` is set on a sparse model, as the scan's ys).
     """
     c = self.config
     graphdef, params = nnx.split(self.layers)
     xs = dict(params=params, layer=jnp.arange(c.num_layers, dtype=jnp.int32))
     rope = [c.uses_rope(i) for i in range(c.num_layers)]
-    static = {}
+    static = {"collect": collect}
     if all(rope) or not any(rope):
       static["use_rope"] = bool(rope[0])  # one program for every layer: no select needed
     else:
@@ -841,8 +864,12 @@ class CausalLM(nnx.Module):
       return kwargs
 
     if cache is None:
-      x, _ = jax.lax.scan(lambda x, xs: (call(xs["params"], x, kwargs_of(xs))[0], None), x, xs)
-      return x, None, None
+      def plain(x, xs):
+        x, _, aux = call(xs["params"], x, kwargs_of(xs))
+        return x, aux
+
+      x, aux = jax.lax.scan(plain, x, xs)
+      return x, None, None, aux
 
     t, index = x.shape[1], cache.index
 
@@ -855,7 +882,7 @@ class CausalLM(nnx.Module):
                     cache_index=index)
       if cache.prefix_mask is not None:
         kwargs.update(prefix=(xs["prefix_k"], xs["prefix_v"], cache.prefix_mask))
-      x, (k, v) = call(xs["params"], x, kwargs)
+      x, (k, v), aux = call(xs["params"], x, kwargs)
       # Only the t slots this call wrote go back into the stacked buffers.
       k_new = slice_slots(k, index, t, slot_axis=3)
       v_new = slice_slots(v, index, t, slot_axis=2)
@@ -863,11 +890,11 @@ class CausalLM(nnx.Module):
                              start=(i, 0, 0, 0, 0))
       cache_v = update_slots(cache_v, v_new[None], index, slot_axis=3, row_axis=1,
                              start=(i, 0, 0, 0, 0))
-      return (x, cache_k, cache_v), None
+      return (x, cache_k, cache_v), aux
 
-    (x, new_k, new_v), _ = jax.lax.scan(body, (x, cache.k, cache.v), xs)
+    (x, new_k, new_v), aux = jax.lax.scan(body, (x, cache.k, cache.v), xs)
     return (x, constrain(new_k, (axes.LAYERS,) + KVCache.K_AXES),
-            constrain(new_v, (axes.LAYERS,) + KVCache.V_AXES))
+            constrain(new_v, (axes.LAYERS,) + KVCache.V_AXES), aux)
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """`int32[batch, time]` -> `[batch, time, embed]` input embeddings (model dtype)."""
@@ -934,7 +961,12 @@ class CausalLM(nnx.Module):
       mask = kv_mask[:, None, :] & (key_slots[None, None, :] <= query_slots[:, :, None])
 
     run = self._scanned_layers if c.scan_layers else self._unrolled_layers
-    x, new_k, new_v = run(x, sin=sin, cos=cos, mask=mask, cache=cache)
+    # A MoE model inside `moe.collect_router` returns its router logits (trace-time switch).
+    collector = moe.current_collector() if c.num_experts else None
+    collect = None if collector is None else ("inputs" if collector.inputs else "router")
+    x, new_k, new_v, aux = run(x, sin=sin, cos=cos, mask=mask, cache=cache, collect=collect)
+    if collector is not None and aux is not None:
+      collector.calls.append(dict(aux, attention_mask=attention_mask))
 
     hidden = self.final_norm(x)
     if not return_logits:

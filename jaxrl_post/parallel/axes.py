@@ -32,6 +32,9 @@ HEAD_DIM = "head_dim"
 MLP = "mlp"
 LAYERS = "layers"
 NORM = "norm"
+# The stacked experts of a Mixture-of-Experts block (`models.moe`): expert parallelism is the
+# rule `("expert", "expert")`, a no-op on meshes without an `expert` axis.
+EXPERT = "expert"
 # Activation axes.
 BATCH = "batch"
 LENGTH = "length"
@@ -49,6 +52,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   (HEADS, "tensor"),
   (KV_HEADS, "tensor"),
   (MLP, "tensor"),
+  (EXPERT, "expert"),
   (HEAD_DIM, None),
   (LAYERS, None),
   (NORM, None),
@@ -74,13 +78,16 @@ def logical_to_spec(
     mesh: if given, mesh axes that are absent or of size 1 are dropped.
     shape: if given (with `mesh`), a mesh axis that does not divide its
       dimension is dropped, so that dimension is replicated (e.g. a vocabulary
-      of 151,655 over 4 tensor shards) instead of failing.
+      of 151,655 over 4 tensor shards) instead of failing; except the `expert`
+      axis, where that is a ValueError (see `Raises`).
 
   Returns:
     A `PartitionSpec` with one entry per dimension.
 
   Raises:
     KeyError: a logical name has no rule (the message lists the known names).
+    ValueError: the mesh axes of `expert` do not divide the number of experts
+      (naming `config.mesh.ici_*` / `dcn_*` and `num_experts`).
   """
   table: dict[str, tuple[str, ...]] = {}
   for name, target in rules:
@@ -111,6 +118,12 @@ def logical_to_spec(
       if mesh is not None and shape is not None:
         shards = mesh.shape[axis] * int(np.prod([mesh.shape[a] for a in axes]))
         if shape[dim] % shards:
+          if name == EXPERT:
+            # Replicating the experts would silently put all of them on every device.
+            raise ValueError(
+              f"num_experts={shape[dim]} is not divisible by the {shards} expert shards (mesh "
+              f"axis {axis!r} = config.mesh.ici_{axis} × config.mesh.dcn_{axis}); choose an "
+              "expert-parallel size that divides num_experts")
           continue
       axes.append(axis)
     used.update(axes)

@@ -56,6 +56,7 @@ SAMPLE_RULES: tuple[tuple[str, Any], ...] = (
   (axes.HEADS, "tensor"),
   (axes.KV_HEADS, "tensor"),
   (axes.MLP, "tensor"),
+  (axes.EXPERT, "expert"),
   (axes.HEAD_DIM, None),
   (axes.LAYERS, None),
   (axes.NORM, None),
@@ -68,7 +69,7 @@ SAMPLE_RULES: tuple[tuple[str, Any], ...] = (
 REPLICATED_RULES: tuple[tuple[str, Any], ...] = (
   (axes.BATCH, ("data", "fsdp", "tensor")),
   *((name, None) for name in (axes.VOCAB, axes.EMBED, axes.HEADS, axes.KV_HEADS, axes.MLP,
-                              axes.HEAD_DIM, axes.LAYERS, axes.NORM, axes.LENGTH,
+                              axes.EXPERT, axes.HEAD_DIM, axes.LAYERS, axes.NORM, axes.LENGTH,
                               axes.CACHE_LENGTH)),
 )
 

@@ -256,7 +256,7 @@ def test_presets_build_and_count_parameters():
   for name in MODEL_PRESETS:
     config = get_model_config(name, num_layers=1, vocab_size=64)
     abstract = nnx.eval_shape(lambda c=config: CausalLM(c, rngs=nnx.Rngs(0)))
-    assert abstract.config.family in ("llama", "qwen2", "qwen3", "smollm3")
+    assert abstract.config.family in ("llama", "qwen2", "qwen3", "smollm3", "qwen3_moe")
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -510,7 +510,8 @@ def test_sharded_scanned_model_with_fsdp_rules():
 
 def test_presets_scan_their_layers_except_tiny_and_small():
   for name in MODEL_PRESETS:
-    assert get_model_config(name).scan_layers == (name not in ("tiny", "small")), name
+    assert get_model_config(name).scan_layers == (
+      name not in ("tiny", "small", "qwen3_moe_tiny")), name
   config = get_model_config("qwen3_0p6b", scan_layers=False, remat_policy="dots")
   assert not config.scan_layers and config.remat_policy == "dots"
   assert get_model_config("tiny", scan_layers=True).scan_layers
