@@ -35,8 +35,10 @@ from jaxrl_post.parallel import multihost
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.parallel.reshard import reshard_state
 from jaxrl_post.rewards.overlong import overlong_penalty, overlong_window
+from jaxrl_post.rewards.pertmind import build_pertmind
 from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler, rollout_metrics
+from jaxrl_post.sampling import grammar as grammar_lib
 from jaxrl_post.tasks import data as task_data
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.training import async_rollouts, loop, ppo
@@ -124,6 +126,32 @@ def policy_objective(config, **loss_extra) -> PolicyObjective:
                      f"{config.advantage!r} takes no token_counts (reinforce_pp and "
                      "reinforce_pp_baseline do)")
   return PolicyObjective(loss_fn, advantage_fn, names, weights, token_weighted)
+
+
+def task_grammar(config, task, tokenizer) -> grammar_lib.TokenGrammar | None:
+  """`config.constrained_decoding` (optional, default False): the task's completion grammar
+  (`Task.grammar_slots`, `sampling.grammar.from_slots`), for legal-token decoding
+  (PertMind, arXiv 2608.16419; RecoverFly, 2608.09467). None when off.
+
+  Raises:
+    ValueError: naming `config.constrained_decoding` when the task has no grammar.
+  """
+  if not config.get("constrained_decoding", False):
+    return None
+  slots = task.grammar_slots() if hasattr(task, "grammar_slots") else None
+  if slots is None or tokenizer is None:
+    raise ValueError(f"config.constrained_decoding=True but task {config.task!r} has no "
+                     "completion grammar (Task.grammar_slots) or the run no tokenizer")
+  return grammar_lib.from_slots(tokenizer, slots)
+
+
+def grammar_loss_extra(grammar) -> dict[str, Any]:
+  """`make_policy_loss` arguments that mask the loss's logits with `grammar` (the batch's
+  `grammar_state` per position, chunk by chunk: `sampling.grammar.logits_transform`)."""
+  if grammar is None:
+    return {}
+  return dict(logits_transform=grammar_lib.logits_transform(grammar),
+              transform_keys=("grammar_state",))
 
 
 def train_examples(config, task) -> int:
@@ -313,7 +341,7 @@ class PolicyRuntime(NamedTuple):
 
 
 def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn, *,
-                   shared: Sequence[str] = ()) -> PolicyRuntime:
+                   shared: Sequence[str] = (), grammar=None) -> PolicyRuntime:
   """Builds the train step, the sampler, the scorer and the evaluator of a policy method.
 
   `shared`: batch keys besides `num_tokens` / `num_sequences` that hold one value for the whole
@@ -327,6 +355,9 @@ def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn, *,
   In a LoRA run (`run.frozen` set) the step trains the adapters against the frozen base, the
   scorer runs the adapted graph (the update's forward: adapters + `run.frozen`), and the
   sampler the base graph with merged kernels (`TaskEvaluator.sampler_params`).
+
+  `grammar` (`sampling.grammar.TokenGrammar`, `task_grammar`): the sampler, the evaluator and
+  the scorer decode / score under it (masked, renormalised log-probs everywhere).
   """
   placement = run.placement
   frozen = getattr(run, "frozen", None)
@@ -336,9 +367,9 @@ def policy_runtime(run: loop.Run, config, model, tokenizer, task, loss_fn, *,
                             shared=("num_tokens", "num_sequences", *shared), frozen=frozen)
   sampler = Sampler(model if frozen is None else without_lora(model), tokenizer,
                     max_prompt_len=config.prompt_len, mesh=placement.sample_mesh,
-                    rules=placement.sample_rules)
+                    rules=placement.sample_rules, grammar=grammar)
   scorer = Sampler(model, tokenizer, max_prompt_len=config.prompt_len, mesh=run.train_mesh,
-                   rules=run.train_rules)
+                   rules=run.train_rules, grammar=grammar)
   evaluator = TaskEvaluator(run, task, sampler, max_new_tokens=config.max_new_tokens,
                             pass_k=config.eval_pass_k, temperature=config.temperature,
                             timeout_s=config.reward_timeout_s)
@@ -463,6 +494,10 @@ def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
   batch = ppo.trim_completions(multihost.to_host(dict(
     {k: getattr(rollout, k) for k in ROLLOUT_KEYS}, adv=adv)), config.trim_completions_to)
   inputs = put({k: batch[k] for k in ROLLOUT_KEYS})
+  if runtime.scorer.grammar is not None:
+    # The loss's grammar mask (`task_grammar`): each position's automaton state, [rows, time].
+    batch["grammar_state"] = np.asarray(grammar_lib.completion_states(
+      runtime.scorer.grammar, batch["completion_tokens"], batch["completion_mask"]))
 
   def score(p):
     p = p if frozen is None else nnx.merge_state(p, frozen)
@@ -504,9 +539,13 @@ class GRPO:
     config = self.config
     self.task, self.tokenizer, _, model = run_setup.build_run(
       config, str(run.workdir), run.train_mesh, run.train_rules)
-    self.objective = policy_objective(config)
+    self.grammar = task_grammar(config, self.task, self.tokenizer)
+    self.objective = policy_objective(config, **grammar_loss_extra(self.grammar))
     # The optional parts of the step (`methods.step_parts`): priors, scales, replay, terms.
     self.parts = step_parts.build_step_parts(config, self.task)
+    pertmind = build_pertmind(config)  # PertMind's reward; first, as it sets the advantages
+    if pertmind is not None:
+      self.parts = {"pertmind": pertmind, **self.parts}
     self.loss_fn, self.shared_keys = self.objective.loss_fn, ()
     for part in self.parts.values():
       if hasattr(part, "wrap_loss"):
@@ -523,7 +562,8 @@ class GRPO:
     config = self.config
     self.run = run
     self.runtime = policy_runtime(run, config, self.model, self.tokenizer, self.task,
-                                  self.loss_fn, shared=self.shared_keys)
+                                  self.loss_fn, shared=self.shared_keys,
+                                  grammar=getattr(self, "grammar", None))
     self.step_fn, self.sampler, self.scorer, self.evaluator = self.runtime
     # Without a KL term (β = 0, the default) no reference is kept: a frozen copy would cost a
     # whole model of device memory for nothing. It is the starting policy, in the trainer's

@@ -13,7 +13,9 @@ full vocabulary. Top-k / top-p change which tokens can be *drawn*, not the
 recorded log-probs: the recorded value is what the trainer recomputes with
 `scoring.score` at the same temperature, so sampler and trainer agree exactly; the
 truncation is a (small, usually ignored) bias of the behaviour policy, the
-convention of Tunix, vLLM and TRL.
+convention of Tunix, vLLM and TRL. Under a token grammar (`decode(..., grammar=)`,
+`sampling.grammar`) the vocabulary is the state's legal tokens: log-probs are those of the
+masked, renormalised distribution, which `scoring.score(..., grammar=)` recomputes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_post.models.transformer import KVCache, default_positions
+from jaxrl_post.sampling import grammar as grammar_lib
 from jaxrl_post.sampling.rollout import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
 
 
@@ -78,7 +81,8 @@ class TokenChoice(NamedTuple):
 
 def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature, top_k: int, top_p,
                   greedy: bool, num_logprobs: int, row_ids: jax.Array | None = None,
-                  step_ids: jax.Array | None = None) -> TokenChoice:
+                  step_ids: jax.Array | None = None,
+                  allowed: jax.Array | None = None) -> TokenChoice:
   """Draws one token per row from `logits` `[batch, vocab]`.
 
   Row r draws with the key `fold_in(rng, row_ids[r])` (default `row_ids =
@@ -88,8 +92,14 @@ def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature, top_k: int,
   With `step_ids` `int32[batch]` (rows at different steps, continuous
   batching) the key is `fold_in(fold_in(rng, step_ids[r]), row_ids[r])`,
   the key `decode` gives row r at step `step_ids[r]` from the same `rng`.
+  With `allowed` `bool[batch, vocab]` (a grammar's legal tokens, `sampling.grammar`) the
+  illegal logits are masked before the temperature, top-k / top-p and the recorded log-probs,
+  which are then those of the masked, renormalised distribution.
   """
-  scaled = logits.astype(jnp.float32) / temperature
+  logits = logits.astype(jnp.float32)
+  if allowed is not None:
+    logits = grammar_lib.mask_logits(logits, allowed)
+  scaled = logits / temperature
   logp_all = jax.nn.log_softmax(scaled, axis=-1)
   if greedy:
     token = jnp.argmax(scaled, axis=-1)
@@ -205,7 +215,8 @@ class DecodeOutput(NamedTuple):
 
 def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, eos_ids,
            stop_ids, pad_id: int, temperature, top_p, top_k: int, greedy: bool,
-           num_logprobs: int, first_row: jax.Array | int = 0) -> DecodeOutput:
+           num_logprobs: int, first_row: jax.Array | int = 0,
+           grammar: grammar_lib.TokenGrammar | None = None) -> DecodeOutput:
   """Samples up to `max_new_tokens` per row with `lax.while_loop`s.
 
   The loop stops as soon as every row has finished. Step i draws row r with
@@ -236,14 +247,19 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
     pad_id: written after a row's end.
     temperature, top_p: scalars; top_k, greedy, num_logprobs: static.
     first_row: global row number of this call's row 0 (names the rows' keys).
+    grammar: optional `sampling.grammar.TokenGrammar`: each row carries its state through
+      the loop, illegal tokens are masked before sampling, the recorded log-probs are the
+      masked, renormalised ones. None: the unconstrained loop, unchanged.
   """
   model = nnx.merge(graphdef, state)
   batch = start.logits.shape[0]
   k = num_logprobs
   row_ids = first_row + jnp.arange(batch, dtype=jnp.int32)
-  choose = lambda logits, i: choose_tokens(  # noqa: E731
-    logits, jax.random.fold_in(rng, i), temperature=temperature, top_k=top_k, top_p=top_p,
-    greedy=greedy, num_logprobs=k, row_ids=row_ids)
+  def choose(logits, i, carry):
+    allowed = None if grammar is None else grammar.allowed[carry[7]]
+    return choose_tokens(
+      logits, jax.random.fold_in(rng, i), temperature=temperature, top_k=top_k, top_p=top_p,
+      greedy=greedy, num_logprobs=k, row_ids=row_ids, allowed=allowed)
 
   def record(carry, i, choice):
     tokens, mask, logp, topk_ids, topk_logp, done, finish = carry[:7]
@@ -259,7 +275,10 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
     is_stop = jnp.any(choice.token[:, None] == stop_ids[None, :], axis=-1) & alive & ~is_eos
     finish = jnp.where(is_eos, FINISH_EOS, jnp.where(is_stop, FINISH_STOP, finish))
     done = done | is_eos | is_stop
-    return tokens, mask, logp, topk_ids, topk_logp, done, finish
+    if grammar is None:
+      return tokens, mask, logp, topk_ids, topk_logp, done, finish
+    state = jnp.where(alive, grammar.next_state[carry[7], choice.token], carry[7])
+    return tokens, mask, logp, topk_ids, topk_logp, done, finish, state
 
   tokens = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
   mask = jnp.zeros((batch, max_new_tokens), jnp.bool_)
@@ -268,8 +287,10 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
   topk_logp = jnp.zeros((batch, max_new_tokens, k), jnp.float32) if k else None
   done = jnp.zeros((batch,), jnp.bool_)
   finish = jnp.full((batch,), FINISH_LENGTH, jnp.int32)
-  carry = record((tokens, mask, logp, topk_ids, topk_logp, done, finish), 0,
-                 choose(start.logits, 0))
+  carry = (tokens, mask, logp, topk_ids, topk_logp, done, finish)
+  if grammar is not None:
+    carry += (jnp.broadcast_to(grammar.start, (batch,)).astype(jnp.int32),)
+  carry = record(carry, 0, choose(start.logits, 0, carry))
 
   def cond(loop):
     i, carry, _, _ = loop
@@ -279,7 +300,7 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
     i, carry, positions, cache = loop
     previous = carry[0][:, i - 1]
     logits, cache = model(previous[:, None], positions=positions[:, None], cache=cache)
-    carry = record(carry, i, choose(logits[:, 0], i))
+    carry = record(carry, i, choose(logits[:, 0], i, carry))
     return i + 1, carry, positions + 1, cache
 
   loop = (jnp.int32(1), carry, start.positions, start.cache)
@@ -293,5 +314,5 @@ def decode(graphdef, state, start: PrefillOutput, rng, *, max_new_tokens: int, e
       lambda loop, end=end: cond(loop) & (loop[0] < end), body,
       (i, carry, positions, resize_cache(cache, length)))
   steps, carry, _, cache = loop
-  tokens, mask, logp, topk_ids, topk_logp, _, finish = carry
+  tokens, mask, logp, topk_ids, topk_logp, _, finish = carry[:7]
   return DecodeOutput(tokens, mask, logp, finish, topk_ids, topk_logp, steps, cache)

@@ -41,6 +41,7 @@ from jaxrl_post.parallel.axes import DEFAULT_RULES, Rules, axis_rules
 from jaxrl_post.parallel.mesh import data_parallel_axes, put_batch
 from jaxrl_post.parallel.multihost import to_host
 from jaxrl_post.sampling import continuous, kernels, scoring
+from jaxrl_post.sampling.grammar import TokenGrammar
 from jaxrl_post.sampling.rollout import FINISH_NAMES, Rollout
 
 _MAX_END_IDS = 8  # eos / stop ids are padded to this many, so changing them never recompiles
@@ -108,13 +109,18 @@ class Sampler:
     mesh, rules: if given, the batch is sharded over the mesh axes that the
       `batch` logical axis maps to, and activations / cache follow `rules`.
       The parameters' placement is the caller's.
+    grammar: optional `sampling.grammar.TokenGrammar` for legal-token decoding: `generate` /
+      `decode` mask illegal tokens (rollout log-probs are the masked, renormalised ones) and
+      `score` recomputes the same masked log-probs, so sampler and trainer agree. None (the
+      default) runs exactly the unconstrained kernels. `generate_continuous` refuses it.
   """
 
   def __init__(self, model: CausalLM, tokenizer=None, *, max_prompt_len: int = 256,
                prompt_len_buckets: Sequence[int] | None = None,
                batch_buckets: Sequence[int] | None = None, max_batch: int = 4096,
                truncate_prompts: bool = False, eos_ids: Sequence[int] | None = None,
-               pad_id: int | None = None, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
+               pad_id: int | None = None, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
+               grammar: TokenGrammar | None = None):
     self.graphdef, self._default_state = nnx.split(model)
     self.config = model.config
     self.tokenizer = tokenizer
@@ -135,6 +141,10 @@ class Sampler:
       pad_id = tokenizer.pad_id if tokenizer is not None else (model.config.pad_token_id or 0)
     self.pad_id = int(pad_id)
     self.mesh, self.rules = mesh, tuple(rules)
+    if grammar is not None and grammar.vocab_size != self.config.vocab_size:
+      raise ValueError(f"grammar: its vocabulary ({grammar.vocab_size} ids) differs from the "
+                       f"model's vocab_size={self.config.vocab_size}")
+    self.grammar = grammar
     # The jitted kernels are module-level functions with the graph and mesh as
     # static arguments, so samplers of the same model share compilations.
     self._static = dict(graphdef=self.graphdef, mesh=mesh, rules=self.rules)
@@ -222,7 +232,8 @@ class Sampler:
     return jitted_decode(state, start.cache, start.logits, start.positions, rng,
                          end_id_array(self.eos_ids, "eos ids"),
                          end_id_array(stop_tokens, "stop tokens"), jnp.float32(temperature),
-                         jnp.float32(top_p), max_new_tokens=max_new_tokens, top_k=top_k,
+                         jnp.float32(top_p), self.grammar, max_new_tokens=max_new_tokens,
+                         top_k=top_k,
                          greedy=greedy, num_logprobs=num_logprobs, pad_id=self.pad_id,
                          **self._static)
 
@@ -335,6 +346,9 @@ class Sampler:
     the sharding rules, partitioned by XLA (correct; not tuned).
     """
     _check_positive(n_samples_per_prompt=n_samples_per_prompt, num_slots=num_slots)
+    if self.grammar is not None:
+      raise ValueError("generate_continuous does not support a grammar (Sampler(grammar=...));"
+                       " use generate")
     admit_size = max(1, num_slots // 8) if admit_size is None else admit_size
     if not 1 <= admit_size <= num_slots:
       raise ValueError(f"admit_size must be in [1, num_slots={num_slots}], got {admit_size}")
@@ -381,10 +395,12 @@ class Sampler:
     (`candidate_logp`), e.g. a teacher scoring the student's top-K.
     `num_micro_batches`: rows are scored in this many micro-batches inside
     one compiled call, so the pass's memory is one micro-batch's.
+    With the sampler's grammar, the log-probs (and entropies, top-K) are those of the masked,
+    renormalised distribution, the states recomputed from the completions.
     """
     state = self._default_state if state is None else state
     return _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
-                  jnp.float32(temperature), candidate_ids, top_k=top_k,
+                  jnp.float32(temperature), candidate_ids, self.grammar, top_k=top_k,
                   num_micro_batches=int(num_micro_batches), **self._static)
 
   def decode_text(self, rollout: Rollout) -> list[str]:
@@ -416,8 +432,9 @@ def jitted_prefill(state, tokens, mask, *, graphdef, mesh, rules, cache_len, num
 # The cache is donated: decode updates it in place and returns it aliased.
 @functools.partial(jax.jit, donate_argnums=(1,), static_argnames=(
   "graphdef", "mesh", "rules", "max_new_tokens", "top_k", "greedy", "num_logprobs", "pad_id"))
-def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p, *,
-                  graphdef, mesh, rules, max_new_tokens, top_k, greedy, num_logprobs, pad_id):
+def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, temperature, top_p,
+                  grammar=None, *, graphdef, mesh, rules, max_new_tokens, top_k, greedy,
+                  num_logprobs, pad_id):
   """`kernels.decode`; under pure data parallelism, one loop per device.
 
   One global loop ends each step with a cross-device reduction (has every row
@@ -429,14 +446,15 @@ def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, tempe
   maxima at the end. Rows draw with keys named by their global row number
   (`first_row`), so the samples are the same either way.
   """
-  def run(cache, logits, positions, state, rng, eos_ids, stop_ids, temperature, top_p,
+  def run(cache, logits, positions, state, rng, eos_ids, stop_ids, temperature, top_p, grammar,
           first_row=0):
     return kernels.decode(graphdef, state, kernels.PrefillOutput(logits, positions, cache), rng,
                           max_new_tokens=max_new_tokens, eos_ids=eos_ids, stop_ids=stop_ids,
                           pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k,
-                          greedy=greedy, num_logprobs=num_logprobs, first_row=first_row)
+                          greedy=greedy, num_logprobs=num_logprobs, first_row=first_row,
+                          grammar=grammar)
 
-  shared = (state, rng, eos_ids, stop_ids, temperature, top_p)
+  shared = (state, rng, eos_ids, stop_ids, temperature, top_p, grammar)
   prompts = () if cache.prefix_mask is None else (cache.prefix_mask.shape[0],)
   data = () if mesh is None else data_parallel_axes(mesh, rules, logits.shape[0], *prompts)
   if not data:
@@ -463,7 +481,7 @@ def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, tempe
   out_specs = kernels.DecodeOutput(rows, rows, rows, rows, top, top, PartitionSpec(), cache_spec)
   # check_vma=False: the loop carries mix per-device rows with replicated
   # counters, which the varying-axes checker would make us annotate by hand.
-  return jax.shard_map(local, mesh=mesh, in_specs=(cache_spec, rows, rows) + (PartitionSpec(),) * 6,
+  return jax.shard_map(local, mesh=mesh, in_specs=(cache_spec, rows, rows) + (PartitionSpec(),) * 7,
                        out_specs=out_specs, check_vma=False)(cache, logits, positions, *shared)
 
 
@@ -521,11 +539,12 @@ def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, tem
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k",
                                              "num_micro_batches"))
 def _score(state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, temperature,
-           candidate_ids, *, graphdef, mesh, rules, top_k, num_micro_batches):
+           candidate_ids, grammar=None, *, graphdef, mesh, rules, top_k, num_micro_batches):
   with _context(mesh, rules):
     return scoring.score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens,
                          completion_mask, temperature=temperature, top_k=top_k,
-                         candidate_ids=candidate_ids, num_micro_batches=num_micro_batches)
+                         candidate_ids=candidate_ids, num_micro_batches=num_micro_batches,
+                         grammar=grammar)
 
 
 def rollout_metrics(rollout: Rollout, trainer_logp: jax.Array | None = None) -> dict[str, float]:

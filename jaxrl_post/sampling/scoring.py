@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_post.sampling import grammar as grammar_lib
+
 # `(logits [batch, c, vocab], mask [batch, c], inputs) -> logits`: see `score_hidden`.
 LogitsTransform = Callable[[jax.Array, jax.Array, Any], jax.Array]
 
@@ -218,7 +220,8 @@ def score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion
 
 def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, completion_mask, *,
           temperature=1.0, top_k: int = 0, candidate_ids: jax.Array | None = None,
-          chunk_size: int | None = None, num_micro_batches: int = 1) -> ScoreOutput:
+          chunk_size: int | None = None, num_micro_batches: int = 1,
+          grammar=None) -> ScoreOutput:
   """`score_model` for a split model (`graphdef`, `state`), in micro-batches of rows.
 
   A frozen model (old policy, reference, teacher) scores the whole step's
@@ -228,11 +231,21 @@ def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, comple
   batch-sharded array holds rows of every micro-batch: no rows move between
   devices), and the rows are put back in order afterwards.
 
+  `grammar` (a `sampling.grammar.TokenGrammar`, optional): the log-probs are those of the
+  masked, renormalised distribution (the sampler's under the same grammar); the states are
+  recomputed per position by a scan over the completion (`grammar.completion_states`,
+  `[batch, time]` ints) and each logit chunk gathers its `allowed[state]` rows
+  (`grammar.logits_transform`), so no `[batch, time, vocab]` mask is formed.
+
   Raises:
     ValueError: `num_micro_batches` does not divide the rows.
   """
   model = nnx.merge(graphdef, state)
   kwargs = dict(temperature=temperature, top_k=top_k, chunk_size=chunk_size)
+  states = None
+  if grammar is not None:
+    kwargs["logits_transform"] = grammar_lib.logits_transform(grammar)
+    states = grammar_lib.completion_states(grammar, completion_tokens, completion_mask)
   m = int(num_micro_batches)
   rows = prompt_tokens.shape[0]
   if m < 1 or rows % m:
@@ -240,13 +253,13 @@ def score(graphdef, state, prompt_tokens, prompt_mask, completion_tokens, comple
                      f"{rows} rows scored together")
   if m == 1:
     return score_model(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
-                       candidate_ids=candidate_ids, **kwargs)
+                       candidate_ids=candidate_ids, transform_inputs=states, **kwargs)
   split = lambda x: None if x is None else jnp.moveaxis(  # noqa: E731
     x.reshape(rows // m, m, *x.shape[1:]), 1, 0)
   merge = lambda y: None if y is None else jnp.moveaxis(y, 0, 1).reshape(  # noqa: E731
     rows, *y.shape[2:])
   inputs = tuple(map(split, (prompt_tokens, prompt_mask, completion_tokens, completion_mask,
-                             candidate_ids)))
-  outputs = jax.lax.map(lambda x: score_model(model, *x[:4], candidate_ids=x[4], **kwargs),
-                        inputs)
+                             candidate_ids, states)))
+  outputs = jax.lax.map(lambda x: score_model(model, *x[:4], candidate_ids=x[4],
+                                              transform_inputs=x[5], **kwargs), inputs)
   return ScoreOutput(*map(merge, outputs))

@@ -20,6 +20,7 @@ hidden MOS, for quality rating).
 
 from jaxrl_post.tasks import arithmetic, countdown, files, format_following, math_datasets
 from jaxrl_post.tasks import mixture as mixture  # registers "mixture"
+from jaxrl_post.tasks import perturbation_atlas as perturbation_atlas  # registers "pertmind"
 from jaxrl_post.tasks.arithmetic import ArithmeticTask
 from jaxrl_post.tasks.base import (
   FINAL_ANSWER_MARKER,

@@ -87,6 +87,12 @@ class Task(abc.ABC):
     del split
     return None
 
+  def grammar_slots(self) -> list[list[str]] | None:
+    """The completion grammar for legal-token decoding (`sampling.grammar.from_slots`: slots
+    of alternative strings), or `None` (the default): the task's completions are free text.
+    `config.constrained_decoding=True` in a GRPO-family run needs one."""
+    return None
+
   def knobs(self) -> dict[str, Any]:
     """The constructor arguments that reproduce this task, as JSON-able values."""
     fields = dataclasses.fields(self)  # Subclasses are dataclasses; see the class docstring.
