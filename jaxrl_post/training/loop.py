@@ -23,8 +23,8 @@ Order at start-up, and why:
      adapters alone (and their optimizer state; checkpoints too), and the base parameters are
      `run.frozen`, restored from an `init_from` run directory's full parameters when the run
      starts from one, and rebuilt the same way when it resumes.
-  3. The optimizer (`config.optimizer`, decayed over `steps × method.updates_per_step`
-     updates) and the train state, born sharded.
+  3. The optimizer (`config.optimizer`, or the method's optional `optimizer` hook, decayed over
+     `steps × method.updates_per_step` updates) and the train state, born sharded.
   4. The run's *starting point* is restored (`init_from` / `resume`), then
      `method.start(run, state)` sees the starting policy — a frozen reference or a teacher
      copied here is the same whether or not the run was restarted — and then this workdir's
@@ -136,6 +136,10 @@ class Method(Protocol):
       (the same on every process); fixed shapes, set up by `start`.
     load_array_state(tree) -> None: restores it after a restart (called after
       `load_state_dict`, with `array_state()`'s structure).
+    optimizer(run, total_updates) -> optax.GradientTransformation: the method's own optimizer
+      of the train state (per-parameter-group learning rates, frozen groups:
+      `training.phases`), decayed over `total_updates`; without it the loop builds
+      `config.optimizer` (`training.setup.build_optimizer`). Called after `build_model`.
     progress(record) -> dict[str, float]: values for the progress bar.
     done(step) -> bool: stop after this step although `config.steps` is not reached (a token
       budget spent, say); the loop evaluates and checkpoints as at the last step.
@@ -260,7 +264,9 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
   logging.info("%s: start %s; model %.2fM parameters, %.2fM trained", method.name,
                run.start.kind, _millions(nnx.state(model, nnx.Param)),
                _millions(nnx.state(model, LoraParam if rank else nnx.Param)))
-  run.optimizer = run_setup.build_optimizer(config, config.steps * method.updates_per_step)
+  total_updates = config.steps * method.updates_per_step
+  run.optimizer = (method.optimizer(run, total_updates) if hasattr(method, "optimizer")
+                   else run_setup.build_optimizer(config, total_updates))
   state = create_train_state(model, run.optimizer, jax.random.key(config.seed),
                              mesh=placement.train_mesh, rules=placement.train_rules,
                              trainable=LoraParam if rank else nnx.Param)
