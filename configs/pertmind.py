@@ -27,6 +27,8 @@ from jaxrl_post.training import base_configs
 REWARDS = ("gene", "pathway", "shuffled")
 PROMPT_LEN = 48  # prompts are ≤ 44 characters
 COMPLETION_LEN = 32  # "1:Down 2:Down 3:Down ans:Down" + EOS = 30 tokens
+# The RL stage's binary (scripts/sweep.py); the `:sft` stage runs with experiments/sft.py.
+BINARY = "experiments/grpo.py"
 
 
 def get_config(arg=None):

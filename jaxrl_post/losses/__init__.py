@@ -8,6 +8,9 @@ correction is `oprd_transform`, OCSD's advantage `ocsd_advantages`, ICE's distil
 `ice_filtered_forward_kl`). The RL family's terms: `REGULARIZERS` (CoKL's `cokl_loss`, CD-RFT's
 `cd_rft_penalty`), `GROUP_LOSSES` (CANOPY's `canopy_loss`), `TOKEN_ALLOCATIONS` (FACTOR's
 `factor_token_coef`, with `factor_loss`) and `RISK_SENSITIVITIES` (RAPO's `rapo_scale`).
+The domain papers' objectives: Flow-GRPO's per-step clipped loss (`flow_grpo_loss`), GTN-R's
+TS-GRPO and neighbourhood regularisers (`GTN_R_VARIANTS`, `gtn_r_loss`), and the ordinal
+reward head's IPS-weighted likelihood (`ordinal_nll`, arXiv 2608.06792).
 """
 
 from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
@@ -77,6 +80,8 @@ from jaxrl_post.losses.factor import factor_loss as factor_loss
 from jaxrl_post.losses.factor import factor_token_coef as factor_token_coef
 from jaxrl_post.losses.factor import tokens_to_actions as tokens_to_actions
 from jaxrl_post.losses.factor import uniform_token_coef as uniform_token_coef
+from jaxrl_post.losses.flow_grpo import FlowGRPOAux as FlowGRPOAux
+from jaxrl_post.losses.flow_grpo import flow_grpo_loss as flow_grpo_loss
 from jaxrl_post.losses.gated_opd import GATED_OPD_ADVANTAGES as GATED_OPD_ADVANTAGES
 from jaxrl_post.losses.gated_opd import TeacherGate as TeacherGate
 from jaxrl_post.losses.gated_opd import gated_opd_advantages as gated_opd_advantages
@@ -87,6 +92,10 @@ from jaxrl_post.losses.gated_opd import opdvr_gate as opdvr_gate
 from jaxrl_post.losses.gated_opd import opdvr_inverse_advantages as opdvr_inverse_advantages
 from jaxrl_post.losses.gated_opd import teacher_gate as teacher_gate
 from jaxrl_post.losses.gated_opd import tgopd_advantages as tgopd_advantages
+from jaxrl_post.losses.gtn_r import FORECAST_REWARDS as FORECAST_REWARDS
+from jaxrl_post.losses.gtn_r import GTN_R_VARIANTS as GTN_R_VARIANTS
+from jaxrl_post.losses.gtn_r import gtn_r_loss as gtn_r_loss
+from jaxrl_post.losses.gtn_r import ts_grpo_loss as ts_grpo_loss
 from jaxrl_post.losses.ice import ICE_BETA as ICE_BETA
 from jaxrl_post.losses.ice import ICEKLAux as ICEKLAux
 from jaxrl_post.losses.ice import assign_contexts as assign_contexts
@@ -126,6 +135,9 @@ from jaxrl_post.losses.oprd import oprd_lambda as oprd_lambda
 from jaxrl_post.losses.oprd import oprd_support as oprd_support
 from jaxrl_post.losses.oprd import oprd_support_from_logits as oprd_support_from_logits
 from jaxrl_post.losses.oprd import oprd_transform as oprd_transform
+from jaxrl_post.losses.ordinal import OrdinalAux as OrdinalAux
+from jaxrl_post.losses.ordinal import ips_weights as ips_weights
+from jaxrl_post.losses.ordinal import ordinal_nll as ordinal_nll
 from jaxrl_post.losses.policy import POLICY_LOSSES as POLICY_LOSSES
 from jaxrl_post.losses.policy import PolicyLossAux as PolicyLossAux
 from jaxrl_post.losses.policy import cispo_loss as cispo_loss

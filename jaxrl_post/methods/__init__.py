@@ -20,4 +20,13 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
               modulated per token by a dual-view observation calibration (`methods.ocsd`)
   perception  dense detection SFT + set-reward GRPO (Falcon Perception-HD, arXiv 2608.18881)
   pcqa        point-cloud quality assessment (PCQA-R1, arXiv 2608.18627)
+  flow_grpo   a flow-matching policy: pretrain, then Flow-GRPO (arXiv 2505.05470) with
+              LeanGRPO's recompute-free gradient schedules (2609.03528)
+  gtn_r       a Gaussian-mixture forecaster: NLL pretraining, then TS-GRPO with GTN-R's
+              ground-truth-neighbourhood regulariser or anchored groups (2608.08010)
+  progressive_recsys  LP -> FFT -> RFT for a recommender foundation model (2608.06792):
+              phases with freeze masks and per-group learning rates, an ordinal IPS reward model
+GRPO's optional parts for the domain papers: `fault_injection.py` (MoE proxy fault injectors,
+2608.10823), rollout admission in `group_source.py` (MISA-T, 2608.11152), and legal-token
+decoding through `grpo.task_grammar` (PertMind, 2608.16419).
 """
