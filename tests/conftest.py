@@ -1,6 +1,8 @@
-"""Test-session setup: a fake 8-device CPU host, set before JAX is imported."""
+"""Test-session setup: a fake 8-device CPU host and a shared persistent XLA cache, set before
+JAX is imported."""
 
 import os
+import tempfile
 
 # Sharding tests need several devices; on CPU XLA can pretend to have them.
 # This must run before the first `import jax` of the session.
@@ -8,6 +10,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+# The suite compiles the same small programs many times (a straight run and its resumed twin,
+# the runlocal configs of one model, subprocess binaries), and on 2 CPU cores compilation is
+# most of its time. JAX's persistent cache returns the executable XLA would build, so results
+# do not change; the xdist workers and the binaries the tests launch inherit the variables and
+# share one directory (the size bound turns on JAX's file lock). Programs that compile in
+# under 0.2 s are not worth a disk round trip.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+  tempfile.gettempdir(), f"jaxrl_post_tests_xla_cache_{os.getuid()}"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
 # Imported after the flags above, which must come before JAX's first import.

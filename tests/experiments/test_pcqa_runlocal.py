@@ -99,53 +99,36 @@ def _run(workdir, arg, env=ONE_DEVICE, *extra):
                         check=False)
 
 
-@pytest.mark.slow
-def test_runlocal_grid_end_to_end_then_skips_finished_runs(tmp_path):
-  result = _grid(tmp_path)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  for method in ("base", "sft", "rank", "rank_gauss", "cold_start", "full", "regression"):
-    run = tmp_path / "seed_0" / method
-    final = json.loads((run / "final.json").read_text())
-    for d in DATASETS:
-      assert f"{d}/plcc" in final and f"{d}/srcc" in final, (method, d)
-    assert (run / "checkpoints").is_dir() and (run / "config.json").exists()
-    assert any("eval/avg/plcc" in r for r in read_metrics(run)), method
-  # full's cold start is its own run (1 SFT step); full's GRPO logs its steps 1 and 2.
-  grpo = [r for r in read_metrics(tmp_path / "seed_0" / "full") if "reward/total" in r]
-  assert [r["step"] for r in grpo] == [1, 2]
-  assert all(0.0 <= r["reward/unparseable"] <= 1.0 and r["reward/format_weight"] <= 1.0
-             for r in grpo)
-  assert [r["step"] for r in read_metrics(tmp_path / "seed_0" / "cold_start")
-          if "train/nll" in r] == [1]
-  summary = json.loads((tmp_path / "summary.json").read_text())
-  assert set(summary) == {"sft", "rank", "rank_gauss", "full", "regression"}
-  assert "| regression | 1 |" in result.stdout
-
-  # A rerun finds every final.json and trains nothing.
-  again = _grid(tmp_path)
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count("done, skipped") == 7
-
-  bad = _run(tmp_path / "bad", "runlocal", ONE_DEVICE, "--config.source=sjtu")
-  assert bad.returncode != 0 and "config.source='sjtu' is not in config.datasets" in bad.stderr
-
-
 def _params(run: Path, step: int):
   state = ocp.StandardCheckpointer().restore(run / "checkpoints" / str(step) / "state")
   return [np.asarray(x) for x in jax.tree.leaves(state["params"])]
 
 
 @pytest.mark.slow
-def test_runlocal_capable_run_is_the_start_of_every_lm_method(tmp_path):
-  # capable = 2 SFT steps after the 2 base steps; rl_lr = 0 freezes GRPO, so a GRPO run's final
-  # params must equal the params it started from: capable's, not base's. holdout = 0.5 splits the
-  # 32 runlocal clouds 16 / 16 between capable and the methods after it.
+def test_runlocal_grid_end_to_end_capable_start_then_skips_finished_runs(tmp_path):
+  # One grid (its 8 runs are the suite's most expensive subprocesses) checks three things:
+  # every run ends with its metrics and checkpoints; the capable run is the start of every LM
+  # method; a rerun trains nothing. capable = 2 SFT steps after the 2 base steps; rl_lr = 0
+  # freezes GRPO, so a GRPO run's final params must equal the params it started from:
+  # capable's, not base's. holdout = 0.5 splits the 32 runlocal clouds 16 / 16 between capable
+  # and the methods after it.
   arg = "runlocal,capable=2,rl_lr=0,holdout=0.5"
   result = _grid(tmp_path, arg)
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
   seed = tmp_path / "seed_0"
+  for method in ("base", "capable", "sft", "rank", "rank_gauss", "cold_start", "full",
+                 "regression"):
+    run = seed / method
+    final = json.loads((run / "final.json").read_text())
+    for d in DATASETS:
+      assert f"{d}/plcc" in final and f"{d}/srcc" in final, (method, d)
+    assert (run / "checkpoints").is_dir() and (run / "config.json").exists()
+    assert any("eval/avg/plcc" in r for r in read_metrics(run)), method
+  grpo = [r for r in read_metrics(seed / "full") if "reward/total" in r]
+  assert all(0.0 <= r["reward/unparseable"] <= 1.0 and r["reward/format_weight"] <= 1.0
+             for r in grpo)
+
   capable = json.loads((seed / "capable" / "final.json").read_text())
-  assert "syn_a/srcc" in capable
   assert [r["step"] for r in read_metrics(seed / "capable") if "eval/avg/plcc" in r] == [1, 2]
   base_params, capable_params = _params(seed / "base", 2), _params(seed / "capable", 2)
   assert any(not np.array_equal(b, c) for b, c in zip(base_params, capable_params))
@@ -158,14 +141,22 @@ def test_runlocal_capable_run_is_the_start_of_every_lm_method(tmp_path):
       assert final[f"{d}/rmse"] == capable[f"{d}/rmse"], (method, d)
   # full: its cold start (1 step) from capable, then GRPO (2 steps) from the cold start.
   assert [r["step"] for r in read_metrics(seed / "cold_start") if "train/nll" in r] == [1]
-  assert [r["step"] for r in read_metrics(seed / "full") if "reward/total" in r] == [1, 2]
+  assert [r["step"] for r in grpo] == [1, 2]
   assert [r["step"] for r in read_metrics(seed / "sft") if "train/nll" in r] == [1, 2, 3]
   # regression: from base for capable + cold start + rl = 2 + 1 + 2 steps.
   assert [r["step"] for r in read_metrics(seed / "regression") if "train/mse" in r] == [
     1, 2, 3, 4, 5]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert set(summary) == {"capable", "sft", "rank", "rank_gauss", "full", "regression"}
-  assert "| capable | 1 |" in result.stdout
+  assert "| capable | 1 |" in result.stdout and "| regression | 1 |" in result.stdout
+
+  # A rerun finds every final.json and trains nothing.
+  again = _grid(tmp_path, arg)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.count("done, skipped") == 8
+
+  bad = _run(tmp_path / "bad", "runlocal", ONE_DEVICE, "--config.source=sjtu")
+  assert bad.returncode != 0 and "config.source='sjtu' is not in config.datasets" in bad.stderr
 
 
 @pytest.mark.slow
