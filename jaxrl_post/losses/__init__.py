@@ -13,6 +13,7 @@ TS-GRPO and neighbourhood regularisers (`GTN_R_VARIANTS`, `gtn_r_loss`), and the
 reward head's IPS-weighted likelihood (`ordinal_nll`, arXiv 2608.06792).
 """
 
+from jaxrl_post.losses import window_kl as window_kl  # registers "recoverfly_window_kl"
 from jaxrl_post.losses.aggregation import LOSS_AGG_MODES as LOSS_AGG_MODES
 from jaxrl_post.losses.aggregation import Normalizers as Normalizers
 from jaxrl_post.losses.aggregation import aggregate as aggregate
@@ -175,3 +176,6 @@ from jaxrl_post.losses.tv_opd import tv_opd_commit as tv_opd_commit
 from jaxrl_post.losses.value import ValueLossAux as ValueLossAux
 from jaxrl_post.losses.value import explained_variance as explained_variance
 from jaxrl_post.losses.value import value_loss as value_loss
+from jaxrl_post.losses.window_kl import action_window as action_window
+from jaxrl_post.losses.window_kl import mark_window as mark_window
+from jaxrl_post.losses.window_kl import window_kl_policy_loss as window_kl_policy_loss

@@ -26,6 +26,9 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
               ground-truth-neighbourhood regulariser or anchored groups (2608.08010)
   progressive_recsys  LP -> FFT -> RFT for a recommender foundation model (2608.06792):
               phases with freeze masks and per-group learning rates, an ordinal IPS reward model
+  recoverfly  RecoverFly (arXiv 2608.09467): GRPO on grammar-constrained action tokens with
+              failure replay and a two-stage long-tail curriculum (`failure_replay.py`) and a
+              windowed reference KL (`losses.window_kl`)
 GRPO's optional parts for the domain papers: `fault_injection.py` (MoE proxy fault injectors,
 2608.10823), rollout admission in `group_source.py` (MISA-T, 2608.11152), and legal-token
 decoding through `grpo.task_grammar` (PertMind, 2608.16419).

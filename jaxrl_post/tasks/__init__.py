@@ -8,7 +8,9 @@ Registered tasks (`TASKS`): `"arith"` (multi-digit arithmetic with worked steps)
 `"countdown"` (reach a target with + - * /), `"format"` (short format-following replies),
 `"jsonl"` and `"parquet"` (GSM8K-style question / answer files), `"gsm8k"`, `"math"` and
 `"math500"` (the real datasets from the Hub or local files, `math_datasets`), `"mixture"`
-(several of these as labelled domains, for multi-teacher distillation). Modules: `base` (interface,
+(several of these as labelled domains, for multi-teacher distillation), `"pertmind"` (a
+synthetic perturbation atlas, PertMind) and `"aerial_nav"` (action programs flown in closed
+loop on grid maps with long-tailed scenes, RecoverFly). Modules: `base` (interface,
 record format, answer parsing), one module per task, `expressions` (the safe expression
 evaluator), `priors` (task-sampling priors over a pool: TrajVal's learnability prior, RAPO's
 risk buckets, CANOPY's signal-coverage group sizing) and `data` (tfds builder and grain loader;
@@ -18,6 +20,7 @@ referring queries, for the dense detector) and `point_clouds` (distorted point c
 hidden MOS, for quality rating).
 """
 
+from jaxrl_post.tasks import aerial_nav as aerial_nav  # registers "aerial_nav"
 from jaxrl_post.tasks import arithmetic, countdown, files, format_following, math_datasets
 from jaxrl_post.tasks import mixture as mixture  # registers "mixture"
 from jaxrl_post.tasks import perturbation_atlas as perturbation_atlas  # registers "pertmind"
