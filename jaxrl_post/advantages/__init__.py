@@ -11,8 +11,16 @@
   1506.02438), outcome rewards placed on the last token, and batch whitening.
 * `wmrl`: world-model rewards made usable (arXiv 2608.12564): an isotonic calibrator on anchor
   pairs (`REWARD_CALIBRATORS`), inverse-variance anchor weights, and their advantages.
+* `coverage`: coverage-aware group advantages for a group's Top-N candidates (CrystalGRPO, arXiv
+  2608.06582): leave-one-out marginal coverage (`COVERAGES`) and duplicate down-weighting.
 """
 
+from jaxrl_post.advantages.coverage import COVERAGES as COVERAGES
+from jaxrl_post.advantages.coverage import cluster_sizes as cluster_sizes
+from jaxrl_post.advantages.coverage import coverage_advantages as coverage_advantages
+from jaxrl_post.advantages.coverage import loo_basin_coverage as loo_basin_coverage
+from jaxrl_post.advantages.coverage import loo_max_coverage as loo_max_coverage
+from jaxrl_post.advantages.coverage import marginal_coverage as marginal_coverage
 from jaxrl_post.advantages.draco import DracoStepStats as DracoStepStats
 from jaxrl_post.advantages.draco import draco_step_advantages as draco_step_advantages
 from jaxrl_post.advantages.draco import draco_step_stats as draco_step_stats

@@ -29,6 +29,9 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
   recoverfly  RecoverFly (arXiv 2608.09467): GRPO on grammar-constrained action tokens with
               failure replay and a two-stage long-tail curriculum (`failure_replay.py`) and a
               windowed reference KL (`losses.window_kl`)
+  crystal_grpo  flow GRPO on toy 2-D crystals (CrystalGRPO, arXiv 2608.06582): a joint
+              coordinate-lattice SDE on the torus; mode q (target reward on a window) or c
+              (KL over all steps + coverage-aware group advantages)
 GRPO's optional parts for the domain papers: `fault_injection.py` (MoE proxy fault injectors,
 2608.10823), rollout admission in `group_source.py` (MISA-T, 2608.11152), and legal-token
 decoding through `grpo.task_grammar` (PertMind, 2608.16419).

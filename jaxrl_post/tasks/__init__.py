@@ -17,7 +17,8 @@ risk buckets, CANOPY's signal-coverage group sizing) and `data` (tfds builder an
 import it explicitly, as it loads tensorflow-datasets). Two non-text data modules have their
 own APIs and are not registered `Task`s: `dense_scenes` (images of up to 500+ objects with
 referring queries, for the dense detector) and `point_clouds` (distorted point clouds with
-hidden MOS, for quality rating).
+hidden MOS, for quality rating), and `toy_crystals` (2-D periodic cells with Lennard-Jones
+polymorphs and a structure matcher, for CrystalGRPO).
 """
 
 from jaxrl_post.tasks import aerial_nav as aerial_nav  # registers "aerial_nav"
