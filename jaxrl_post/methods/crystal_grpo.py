@@ -334,17 +334,12 @@ class CrystalGRPO:
     self.optimizer = _OPTIMIZERS.setdefault((config.optimizer.to_json(), horizon),
                                             run.optimizer)
     if config.method == "pretrain":
-      self.pretrain_step = make_train_step(run.graphdef, self._flow_matching_loss, run.optimizer)
+      self.pretrain_step = make_train_step(run.graphdef, ft.flow_matching_objective, run.optimizer)
     e, d = config.eval, self.task.dim
     k1, k2, k3 = jax.random.split(jax.random.key(config.seed + 10_000), 3)
     self.eval_inputs = (jax.random.normal(k1, (e.trials * e.top_n, d)),
                         jax.random.normal(k2, (e.kl_samples, d)),
                         jax.random.normal(k3, (config.crystal.num_steps, e.kl_samples, d)))
-
-  def _flow_matching_loss(self, model, batch):
-    x_t = ft.interpolate(batch["x0"], batch["eps"], batch["t"])
-    loss = ft.flow_matching_loss(model(x_t, batch["t"]), batch["x0"], batch["eps"])
-    return loss, {"fm_loss": loss}
 
   def state_dict(self) -> dict[str, Any]:
     return {}  # every step's data and noise are functions of (seed, step)

@@ -208,7 +208,7 @@ class FlowGRPO:
     self.optimizer = _OPTIMIZERS.setdefault((config.optimizer.to_json(), horizon),
                                             run.optimizer)
     if config.method == "pretrain":
-      self.pretrain_step = make_train_step(run.graphdef, self._flow_matching_loss, run.optimizer)
+      self.pretrain_step = make_train_step(run.graphdef, ft.flow_matching_objective, run.optimizer)
     key = jax.random.key(config.seed + 10_000)
     e = config.eval
     k1, k2, k3 = jax.random.split(key, 3)
@@ -217,12 +217,6 @@ class FlowGRPO:
       jax.random.normal(k2, (e.kl_samples, self.mixture.dim)),
       jax.random.normal(k3, (config.flow.num_steps, e.kl_samples, self.mixture.dim)))
     self.started = time.perf_counter()
-
-  @staticmethod
-  def _flow_matching_loss(model, batch):
-    x_t = ft.interpolate(batch["x0"], batch["eps"], batch["t"])
-    loss = ft.flow_matching_loss(model(x_t, batch["t"]), batch["x0"], batch["eps"])
-    return loss, {"fm_loss": loss}
 
   def state_dict(self) -> dict[str, Any]:
     return {}  # every step's data and noise are functions of (seed, step)

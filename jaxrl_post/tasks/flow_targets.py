@@ -73,6 +73,15 @@ def interpolate(x0: jax.Array, eps: jax.Array, t: jax.Array) -> jax.Array:
   return (1.0 - t) * x0 + t * eps
 
 
+def flow_matching_objective(model, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The pretraining objective as a `make_train_step` loss: `flow_matching_loss` of
+  `model(x_t, t)` at `x_t = interpolate(x0, eps, t)`; `batch` holds `x0`, `eps` `[batch, d]`
+  and `t` `[batch]`. Returns `(loss, {"fm_loss": loss})`."""
+  x_t = interpolate(batch["x0"], batch["eps"], batch["t"])
+  loss = flow_matching_loss(model(x_t, batch["t"]), batch["x0"], batch["eps"])
+  return loss, {"fm_loss": loss}
+
+
 def target_reward(x: jax.Array, target: jax.Array) -> jax.Array:
   """r(x) = −‖x − target‖², `[batch, D] → [batch]`.
 
