@@ -23,7 +23,8 @@ The maths it uses lives in `jaxrl_post.losses`, `jaxrl_post.advantages` and
   flow_grpo   a flow-matching policy: pretrain, then Flow-GRPO (arXiv 2505.05470) with
               LeanGRPO's recompute-free gradient schedules (2609.03528)
   gtn_r       a Gaussian-mixture forecaster: NLL pretraining, then TS-GRPO with GTN-R's
-              ground-truth-neighbourhood regulariser or anchored groups (2608.08010)
+              ground-truth-neighbourhood regulariser or anchored groups (2608.08010);
+              comparison and plot: scripts/gtn_r_collapse.py
   progressive_recsys  LP -> FFT -> RFT for a recommender foundation model (2608.06792):
               phases with freeze masks and per-group learning rates, an ordinal IPS reward model
   recoverfly  RecoverFly (arXiv 2608.09467): GRPO on grammar-constrained action tokens with

@@ -21,15 +21,20 @@ log-densities (one jitted `rollout`) → one update of `losses.gtn_r.gtn_r_loss`
 
 Evaluation (`eval_size` held-out series of the RL mix, `eval_samples` draws each): MSE of the
 predictive mean (σ̂² units) overall / in hard regions (cue + shifted future) / elsewhere, the
-Monte-Carlo mass near the truth π_θ(RMS((y − y*)/σ̂) ≤ `eval_delta`), the distance of the
-predictive mean to y*, the predictive std, the NLL of y* per point and the sample CRPS.
+Monte-Carlo mass near the truth π_θ(RMS((y − y*)/σ̂) ≤ `eval_delta`) (and within each of
+`gtn_r.eval_radii`: `mass_within_<r>`), the distance of the predictive mean to y*, the
+predictive std, the NLL of y* per point and the sample CRPS.
+
+The jitted rollout and evaluation are cached per (model graph, compile-time constants), so the
+runs of one process (a sweep, a resumed run, the tests) compile each once; `config.rng_impl`
+picks the PRNG of their keys (threefry by default, rbg for fast CPU compiles in runlocal).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +52,10 @@ from jaxrl_post.training.train_state import make_train_step
 STAGES = ("pretrain", "grpo")
 # Data streams of `tasks.time_series.batch_rng`: each stage and the evaluation draw their own.
 STREAM_PRETRAIN, STREAM_GRPO, STREAM_EVAL = 0, 1, 2
+# PRNG implementations of the initialisation / rollout / evaluation keys (`config.rng_impl`):
+# threefry (the default) gives the same values on any mesh; rbg compiles ~4x faster on CPU
+# (smoke tests), but its values may depend on the mesh.
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def check_config(config) -> gl.Variant:
@@ -65,10 +74,14 @@ def check_config(config) -> gl.Variant:
                      f"{', '.join(gl.FORECAST_REWARDS.names())}")
   if config.num_samples < 2:
     raise ValueError(f"config.num_samples={config.num_samples}: TS-GRPO groups need G >= 2")
+  if config.get("rng_impl", RNG_IMPLS[0]) not in RNG_IMPLS:
+    raise ValueError(f"config.rng_impl={config.rng_impl!r}; valid: {', '.join(RNG_IMPLS)}")
   g = config.gtn_r
   for key in ("delta", "delta_end", "eval_delta"):
     if not g[key] > 0:
       raise ValueError(f"config.gtn_r.{key}={g[key]} must be > 0")
+  if not all(r > 0 for r in g.get("eval_radii", ())):
+    raise ValueError(f"config.gtn_r.eval_radii={g.eval_radii} must all be > 0")
   for key in ("lam", "lam_end"):
     if g[key] < 0:
       raise ValueError(f"config.gtn_r.{key}={g[key]} must be >= 0")
@@ -126,6 +139,79 @@ def _split_means(values: np.ndarray, hard: np.ndarray, name: str) -> dict[str, f
   return out
 
 
+class RolloutSpec(NamedTuple):
+  """The compile-time constants of a GRPO rollout (hashable: the jitted rollout is shared)."""
+
+  num_samples: int
+  reward: str
+  anchors: bool
+  num_anchors: int
+  anchor_weight: float
+  regulariser: bool
+  num_neighbours: int
+
+
+# The jitted rollout / evaluation are cached per (graph, constants), so runs of one process
+# (a sweep, a resumed run, the tests) compile each once.
+@functools.lru_cache(maxsize=32)
+def _rollout_fn(graphdef, spec: RolloutSpec):
+  """`(params, ref_params, context, target, scale, key, delta) -> (batch, stats)`, jitted."""
+
+  @jax.jit
+  def rollout(params, ref_params, context, target, scale, key, delta):
+    k_sample, k_anchor, k_nbr = jax.random.split(key, 3)
+    mixture = nnx.merge(graphdef, params)(context)
+    members = fc.sample(mixture, k_sample, spec.num_samples)
+    on_policy = gl.forecast_rewards(members, target, scale, reward=spec.reward)
+    is_anchor = jnp.zeros(members.shape[:2], bool)
+    if spec.anchors:
+      anchors = gl.neighbourhood_draws(k_anchor, target, scale, delta=delta,
+                                       num=spec.num_anchors)
+      members, is_anchor = gl.anchored_group(members, anchors)
+    rewards = gl.forecast_rewards(members, target, scale, reward=spec.reward)
+    out = dict(members=members, old_logp=fc.log_prob(mixture, members),
+               adv=gl.ts_grpo_advantages(rewards),
+               weights=jnp.where(is_anchor, spec.anchor_weight, 1.0))
+    if ref_params is not None:
+      out["ref_logp"] = fc.log_prob(nnx.merge(graphdef, ref_params)(context), members)
+    if spec.regulariser:
+      out["neighbours"] = gl.neighbourhood_draws(k_nbr, target, scale, delta=delta,
+                                                 num=spec.num_neighbours)
+    stats = dict(reward=jnp.mean(on_policy, axis=1), best=jnp.max(on_policy, axis=1),
+                 anchor_reward=jnp.sum(jnp.where(is_anchor, rewards, 0.0), axis=1)
+                 / jnp.maximum(jnp.sum(is_anchor, axis=1), 1))
+    return out, stats
+
+  return rollout
+
+
+@functools.lru_cache(maxsize=32)
+def _evaluate_fn(graphdef, eval_delta: float, horizon: int, radii: tuple[float, ...] = ()):
+  """`(params, context, target, scale, key, num) -> per-series metrics`, jitted (`num` static).
+
+  `radii`: extra radii r of the mass near the truth, logged as `mass_within_<r>`.
+  """
+
+  @functools.partial(jax.jit, static_argnames="num")
+  def evaluate(params, context, target, scale, key, num):
+    mixture = nnx.merge(graphdef, params)(context)
+    draws = fc.sample(mixture, key, num)
+    point = fc.mean(mixture)
+    diag = gl.forecast_diagnostics(draws, point, target, scale, delta=eval_delta)
+    crps = -gl.forecast_rewards(draws, target, scale, reward="crps").mean(axis=1)
+    extra = {f"mass_within_{r:g}": gl.forecast_diagnostics(draws, point, target, scale,
+                                                          delta=r).mass_near_truth
+             for r in radii}
+    return extra | dict(mse=jnp.mean(jnp.square((point - target) / scale[:, None]), axis=-1),
+                mse_median=jnp.mean(jnp.square((fc.median(mixture) - target)
+                                               / scale[:, None]), axis=-1),
+                mass_near_truth=diag.mass_near_truth, distance=diag.distance,
+                pred_std=diag.predictive_std, crps=crps,
+                nll=-fc.log_prob(mixture, target) / horizon - jnp.log(scale))
+
+  return evaluate
+
+
 class GTNR:
   """NLL pretraining or TS-GRPO ± GTN-R of a `models.forecaster.Forecaster`; a loop `Method`."""
 
@@ -139,8 +225,9 @@ class GTNR:
 
   def build_model(self, run: loop.Run):
     seed, cfg = self.config.seed, self.model_config
-    return init_sharded(lambda: fc.Forecaster(cfg, rngs=nnx.Rngs(seed)), run.train_mesh,
-                        run.train_rules)
+    # nnx.Rngs(key(seed)) is nnx.Rngs(seed) for threefry (the default).
+    return init_sharded(lambda: fc.Forecaster(cfg, rngs=nnx.Rngs(self.key(seed))),
+                        run.train_mesh, run.train_rules)
 
   def start(self, run: loop.Run, state) -> None:
     c, variant = self.config, self.variant
@@ -148,7 +235,6 @@ class GTNR:
     graphdef = run.graphdef
     # A copy: the train step donates the state, so the starting params must not alias it.
     self.ref_params = jax.tree.map(jnp.copy, state.params) if c.beta > 0 else None
-    forward = lambda params, context: nnx.merge(graphdef, params)(context)
     if c.stage == "pretrain":
       self.step_fn = make_train_step(graphdef, nll_loss, run.optimizer, mesh=run.train_mesh,
                                      rules=run.train_rules)
@@ -158,49 +244,18 @@ class GTNR:
       self.step_fn = make_train_step(graphdef, loss, run.optimizer, mesh=run.train_mesh,
                                      rules=run.train_rules, shared=("lam",))
     g = c.gtn_r
-
-    @jax.jit
-    def rollout(params, ref_params, context, target, scale, key, delta):
-      k_sample, k_anchor, k_nbr = jax.random.split(key, 3)
-      mixture = forward(params, context)
-      members = fc.sample(mixture, k_sample, c.num_samples)
-      on_policy = gl.forecast_rewards(members, target, scale, reward=g.reward)
-      is_anchor = jnp.zeros(members.shape[:2], bool)
-      if variant.anchors:
-        anchors = gl.neighbourhood_draws(k_anchor, target, scale, delta=delta,
-                                         num=g.num_anchors)
-        members, is_anchor = gl.anchored_group(members, anchors)
-      rewards = gl.forecast_rewards(members, target, scale, reward=g.reward)
-      out = dict(members=members, old_logp=fc.log_prob(mixture, members),
-                 adv=gl.ts_grpo_advantages(rewards),
-                 weights=jnp.where(is_anchor, g.anchor_weight, 1.0))
-      if ref_params is not None:
-        out["ref_logp"] = fc.log_prob(forward(ref_params, context), members)
-      if variant.regulariser:
-        out["neighbours"] = gl.neighbourhood_draws(k_nbr, target, scale, delta=delta,
-                                                   num=g.num_neighbours)
-      stats = dict(reward=jnp.mean(on_policy, axis=1), best=jnp.max(on_policy, axis=1),
-                   anchor_reward=jnp.sum(jnp.where(is_anchor, rewards, 0.0), axis=1)
-                   / jnp.maximum(jnp.sum(is_anchor, axis=1), 1))
-      return out, stats
-
-    @functools.partial(jax.jit, static_argnames="num")
-    def evaluate(params, context, target, scale, key, num):
-      mixture = forward(params, context)
-      draws = fc.sample(mixture, key, num)
-      point = fc.mean(mixture)
-      diag = gl.forecast_diagnostics(draws, point, target, scale, delta=g.eval_delta)
-      crps = -gl.forecast_rewards(draws, target, scale, reward="crps").mean(axis=1)
-      return dict(mse=jnp.mean(jnp.square((point - target) / scale[:, None]), axis=-1),
-                  mse_median=jnp.mean(jnp.square((fc.median(mixture) - target)
-                                                 / scale[:, None]), axis=-1),
-                  mass_near_truth=diag.mass_near_truth, distance=diag.distance,
-                  pred_std=diag.predictive_std, crps=crps,
-                  nll=-fc.log_prob(mixture, target) / c.horizon - jnp.log(scale))
-
-    self.rollout_fn, self.eval_fn = rollout, evaluate
+    self.rollout_fn = _rollout_fn(graphdef, RolloutSpec(
+      num_samples=c.num_samples, reward=g.reward, anchors=variant.anchors,
+      num_anchors=g.num_anchors, anchor_weight=float(g.anchor_weight),
+      regulariser=variant.regulariser, num_neighbours=g.num_neighbours))
+    radii = tuple(float(r) for r in g.get("eval_radii", ()))
+    self.eval_fn = _evaluate_fn(graphdef, float(g.eval_delta), c.horizon, radii)
     self.eval_set = ts.generate(ts.batch_rng(c.seed, STREAM_EVAL, 0), c.eval_size, c.rl_mix,
                                 context_len=c.context_len, horizon=c.horizon)
+
+  def key(self, seed: int) -> jax.Array:
+    """A PRNG key of `config.rng_impl` (default threefry2x32)."""
+    return jax.random.key(seed, impl=self.config.get("rng_impl", RNG_IMPLS[0]))
 
   def schedule(self, step: int) -> tuple[float, float]:
     """(λ, δ) at RL step `step` (`losses.gtn_r.anneal`)."""
@@ -232,7 +287,7 @@ class GTNR:
       state, metrics = self.step_fn(state, place(dict(context=data.context, target=data.target)))
       return state, {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
     lam, delta = self.schedule(step)
-    key = jax.random.fold_in(jax.random.key(c.seed), step)
+    key = jax.random.fold_in(self.key(c.seed), step)
     arrays = place(dict(context=data.context, target=data.target, scale=data.scale))
     batch, stats = self.rollout_fn(state.params, self.ref_params, arrays["context"],
                                    arrays["target"], arrays["scale"], key,
@@ -252,7 +307,7 @@ class GTNR:
     c, e = self.config, self.eval_set
     place = lambda x: put_batch(x, self.run.train_mesh, self.run.train_rules)
     out = jax.device_get(self.eval_fn(state.params, place(e.context), place(e.target),
-                                      place(e.scale), jax.random.key(c.seed + 1000),
+                                      place(e.scale), self.key(c.seed + 1000),
                                       c.eval_samples))
     record = {}
     for name, values in out.items():
