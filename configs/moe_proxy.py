@@ -13,9 +13,12 @@ Commands:
   python experiments/grpo.py --config=configs/moe_proxy.py:fault=no_update \
       --workdir=/tmp/moe_proxy/frozen
 
-Variants: `runlocal` (4 steps, for tests), `fault=none|logp_precision|no_update`,
-`model=<preset>`, `steps=<n>`, `aux=<coef>` (0 disables the load-balancing loss).
-Expected runtime and metrics: not measured yet (the reproduction script is not written).
+Variants: `runlocal` (4 steps of a 1-layer, top-2-of-4-expert MoE, 6 new tokens; for tests),
+`fault=none|logp_precision|no_update`, `model=<preset>`, `steps=<n>`, `aux=<coef>` (0 disables
+the load-balancing loss). Expected runtime and metrics of this config: not measured. The
+fault-agreement study (scripts/moe_proxy_faults.py --part faults) runs the same injectors
+(`methods.fault_injection.build_fault`) in a compact single-token GRPO driver instead, to fit
+27+ runs in minutes of CPU.
 """
 
 import ml_collections
@@ -40,6 +43,11 @@ def get_config(arg=None):
   if arg.runlocal:
     base_configs.shrink_grpo_for_runlocal(config)
     config.model = arg.model
+    config.max_new_tokens = 6
+    if arg.model == "qwen3_moe_tiny":  # the tiniest MoE that still routes: 1 layer, top-2 of 4
+      config.model_overrides = ml_collections.ConfigDict(dict(
+        num_layers=1, num_experts=4, embed_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
+        mlp_dim=32, moe_mlp_dim=16))
   return config
 
 

@@ -50,13 +50,7 @@ def expert_statistics(model, calib_tokens, calib_mask=None) -> list[dict[str, np
   tokens = np.asarray(calib_tokens)
   mask = np.ones(tokens.shape, bool) if calib_mask is None else np.asarray(calib_mask, bool)
 
-  @nnx.jit
-  def run(m, tokens, mask):
-    with moe.collect_router(inputs=True) as records:
-      m(tokens, attention_mask=mask)
-    return records.calls[0]["router_logits"], records.calls[0]["inputs"]
-
-  logits, inputs = map(np.asarray, run(model, tokens, mask))
+  logits, inputs = map(np.asarray, _routed(model, tokens, mask))
   routers = _router_kernels(model)
   e, k = c.num_experts, c.num_experts_per_tok
   out = []
@@ -72,6 +66,17 @@ def expert_statistics(model, calib_tokens, calib_mask=None) -> list[dict[str, np
     out.append(dict(freq=counts / max(counts.sum(), 1.0), coact=onehot.T @ onehot,
                     router_rows=routers[layer].T.astype(np.float64), prototypes=proto))
   return out
+
+
+@nnx.jit
+def _routed(model, tokens, mask):
+  """Router logits `[L_moe, b, t, E]` and MoE-block inputs `[L_moe, b, t, d]` of one call.
+
+  At module level so that repeated proxies of one model reuse the compiled program.
+  """
+  with moe.collect_router(inputs=True) as records:
+    model(tokens, attention_mask=mask)
+  return records.calls[0]["router_logits"], records.calls[0]["inputs"]
 
 
 def _router_kernels(model) -> list[np.ndarray]:

@@ -9,11 +9,15 @@ from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
+ARG = "runlocal,fault=logp_precision"
 
 
-def _config(arg="runlocal", **overrides):
-  config = load_module(ROOT / "configs" / "moe_proxy.py").get_config(arg)
-  config.update(dict(eval_every=100, **overrides))
+def _config(**overrides):
+  config = load_module(ROOT / "configs" / "moe_proxy.py").get_config(ARG)
+  # The least work that still checks it all: 2 steps, a checkpoint after each, one evaluation
+  # (at the last step) of 2 prompts × 4 samples: the training rollouts' shapes, so their programs.
+  config.update(dict(steps=2, checkpoint_every=1, eval_every=0, eval_at_start=False,
+                     eval_examples=2, eval_pass_k=4) | overrides)
   return config
 
 
@@ -22,13 +26,12 @@ def _records(workdir):
 
 
 def test_moe_grpo_trains_with_aux_loss_and_resumes_exactly(tmp_path):
-  arg = "runlocal,fault=logp_precision"
-  loop.train(_config(arg), tmp_path / "straight", GRPO(_config(arg)))
+  loop.train(_config(), tmp_path / "straight", GRPO(_config()))
   records = _records(tmp_path / "straight")
-  assert len(records) == 4
-  assert all(r["train/moe_aux_loss"] > 0 and "fault/logp_gap" in r for r in records)
-  loop.train(_config(arg, steps=2), tmp_path / "resumed", GRPO(_config(arg, steps=2)))
-  loop.train(_config(arg), tmp_path / "resumed", GRPO(_config(arg)))
+  assert [r["step"] for r in records] == [1, 2]
+  assert all(r["train/moe_aux_loss"] > 0 and r["fault/logp_gap"] > 0 for r in records)
+  loop.train(_config(steps=1), tmp_path / "resumed", GRPO(_config(steps=1)))
+  loop.train(_config(), tmp_path / "resumed", GRPO(_config()))
   again = _records(tmp_path / "resumed")
   for key in ("train/loss", "train/moe_aux_loss", "fault/logp_gap"):
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key

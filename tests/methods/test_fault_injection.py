@@ -31,9 +31,13 @@ def test_builder_disables_and_validates():
     fault_injection.build_moe_aux_loss(_config(moe_aux_loss_coef=-1.0))
 
 
-def test_aux_loss_is_added_and_its_gradient_reaches_the_router():
-  model = CausalLM(get_model_config("qwen3_moe_tiny", vocab_size=32, num_layers=1),
-                   rngs=nnx.Rngs(0))
+@pytest.fixture(scope="module")
+def model():
+  return CausalLM(get_model_config("qwen3_moe_tiny", vocab_size=32, num_layers=1),
+                  rngs=nnx.Rngs(0))
+
+
+def test_aux_loss_is_added_and_its_gradient_reaches_the_router(model):
   part = fault_injection.build_moe_aux_loss(_config(moe_aux_loss_coef=0.5))
   wrapped = part.wrap_loss(_policy_loss)
   batch = dict(tokens=TOKENS, mask=MASK)
@@ -56,11 +60,13 @@ def test_aux_loss_is_added_and_its_gradient_reaches_the_router():
 
 
 def test_dense_policy_is_refused():
-  model = CausalLM(get_model_config("tiny", num_layers=1), rngs=nnx.Rngs(0))
+  # Shapes only: the refusal comes at trace time, so nothing needs to be initialised or run.
+  model = nnx.eval_shape(lambda: CausalLM(get_model_config("tiny", num_layers=1),
+                                          rngs=nnx.Rngs(0)))
   wrapped = fault_injection.build_moe_aux_loss(_config(moe_aux_loss_coef=0.1)).wrap_loss(
     _policy_loss)
   with pytest.raises(ValueError, match="needs a Mixture-of-Experts policy"):
-    wrapped(model, dict(tokens=TOKENS, mask=MASK))
+    nnx.eval_shape(wrapped, model, dict(tokens=TOKENS, mask=MASK))
 
 
 # ---- fault injectors ----
@@ -97,15 +103,13 @@ def test_logp_precision_fault_rounds_from_start_step():
   np.testing.assert_allclose(out["old_logp"], batch["old_logp"] * 1.375 * 0.7, rtol=1e-6)
 
 
-def test_update_omission_keeps_parameters_and_reports_metrics():
+def test_update_omission_keeps_parameters_and_reports_metrics(model):
   import types
 
   import optax
 
   from jaxrl_post.training.train_state import create_train_state, make_train_step
 
-  model = CausalLM(get_model_config("qwen3_moe_tiny", vocab_size=32, num_layers=1),
-                   rngs=nnx.Rngs(0))
   optimizer = optax.adam(1e-2)
   state = create_train_state(model, optimizer, jax.random.key(0))
   method = types.SimpleNamespace(step_fn=make_train_step(nnx.graphdef(model), _policy_loss,

@@ -74,7 +74,8 @@ def test_load_balancing_loss_matches_transformers_and_golden():
 
 
 def test_dense_and_ragged_dispatch_agree_with_gradients(model):
-  ragged = CausalLM(model.config.replace(moe_impl="ragged"), rngs=nnx.Rngs(0))
+  ragged = nnx.eval_shape(lambda: CausalLM(model.config.replace(moe_impl="ragged"),
+                                            rngs=nnx.Rngs(0)))
   nnx.update(ragged, nnx.state(model))
 
   def loss(m):
@@ -90,9 +91,13 @@ def test_dense_and_ragged_dispatch_agree_with_gradients(model):
 def test_scan_and_remat_match_unrolled():
   config = _config(mlp_only_layers=(), num_layers=2)  # scan needs one layer kind
   unrolled = CausalLM(config, rngs=nnx.Rngs(1))
-  scanned = CausalLM(config.replace(scan_layers=True, remat_policy="full"), rngs=nnx.Rngs(2))
+  # The variants take the unrolled weights: shapes only, no second random initialisation.
+  scanned = nnx.eval_shape(lambda: CausalLM(config.replace(scan_layers=True, remat_policy="full"),
+                                            rngs=nnx.Rngs(2)))
   nnx.update(scanned, stack_layer_params(nnx.state(unrolled)))
-  rematted = CausalLM(config.replace(remat_policy="dots"), rngs=nnx.Rngs(1))
+  rematted = nnx.eval_shape(lambda: CausalLM(config.replace(remat_policy="dots"),
+                                             rngs=nnx.Rngs(1)))
+  nnx.update(rematted, nnx.state(unrolled))
 
   @nnx.jit
   def logits_and_router(m):
