@@ -493,10 +493,17 @@ class CountingApply:
 
   def __init__(self, apply_fn: ApplyFn):
     self.apply_fn = apply_fn
-    self.rows = 0
+    self._rows = 0
+
+  @property
+  def rows(self) -> int:
+    # Debug callbacks run asynchronously: a result can be ready before every callback of
+    # its program has run, so wait for them all before reading the count.
+    jax.effects_barrier()
+    return self._rows
 
   def _add(self, n):
-    self.rows += int(np.sum(np.asarray(n)))
+    self._rows += int(np.sum(np.asarray(n)))
 
   def __call__(self, params, x, t, c=None):
     # Depends on x, so vmap batches it (one call per element) instead of hoisting it.
