@@ -18,7 +18,7 @@ Variants (after the colon): `method=pretrain|grpo`, `schedule=native|retain|rewe
 
 Settings: the policy is a 3-layer SiLU MLP (width 64, sinusoidal time features); the data are
 two Gaussians at (±2, 0), std 0.3; the reward r(x) = −‖x − (2, 0)‖² prefers the right mode
-(spec §1.6, PROPOSAL). GRPO: G = 8 samples per group (Flow-GRPO's official configs: 24), 4
+(PROPOSAL). GRPO: G = 8 samples per group (Flow-GRPO's official configs: 24), 4
 groups a step, T = 10 SDE steps (the configs' training count), a = 0.7, ε = 1e-4, adv_clip_max
 = 5, β = 0.01, |S| = T·timestep_fraction with fraction 0.5 here (the configs: 0.99; LeanGRPO's
 independent variable), one update per rollout batch (the on-policy setting LeanGRPO's exactness

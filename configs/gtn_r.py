@@ -15,8 +15,8 @@ The whole comparison (3 seeds × pretrain + 3 variants, table and plot):
 `python scripts/gtn_r_collapse.py` (docs/gtn_r_collapse.png).
 
 Config arguments: `runlocal`, `stage=pretrain|grpo`, `variant=none|neighbourhood_nll|
-anchored_group`, `seed=<n>`. Every GTN-R number (λ, δ, schedules, M, K) is a PROPOSAL of
-spec §6.2: the paper's values were not found. Expected metrics (grpo, 300 steps, mean of
+anchored_group`, `seed=<n>`. Every GTN-R number (λ, δ, schedules, M, K) is our PROPOSAL
+(the paper's values were not found). Expected metrics (grpo, 300 steps, mean of
 seeds 0-2, scripts/gtn_r_collapse.py; pretrained: eval/mse 12.1, eval/mse_hard 37.6):
 eval/mse 9.9 / 8.4 / 7.4 and eval/mse_hard 29.3 / 23.1 / 18.1 for none / neighbourhood_nll /
 anchored_group; eval/pred_std_hard 0.20 / 1.0 / 2.3 (σ̂ units).
@@ -44,7 +44,7 @@ def get_config(arg=None):
   c.rl_mix = "rl"
   c.batch_size = 64  # series per pretraining step
   c.prompts_per_step = 16  # series per GRPO step
-  c.num_samples = 16  # G forecasts per series (spec §6.3)
+  c.num_samples = 16  # G forecasts per series
   c.epsilon = 0.2
   c.beta = 0.0  # KL to the start policy (off by default, as in DAPO-style TS-GRPO)
   c.kl_estimator = "k3"

@@ -1,5 +1,5 @@
 r"""PertMind (arXiv 2608.16419): path-supervised GRPO with legal-token decoding on a synthetic
-perturbation atlas (`tasks.perturbation_atlas`, spec §4.4 PROPOSAL).
+perturbation atlas (`tasks.perturbation_atlas`; PROPOSAL).
 
 A query (cell line, drug, gene) + knowledge tokens (the drug's signed targets, the gene's
 candidate pathways); the policy writes `1:L 2:L 3:L ans:L` (three pathway directions, then the
@@ -53,7 +53,7 @@ def get_config(arg=None):
       config.eval_max_new_tokens = COMPLETION_LEN
     return config
   config.constrained_decoding = True
-  # PertMind's λ values are "not found" (paper Appendix A); the spec's §4.4 suggestion.
+  # PertMind's λ values are "not found" (paper Appendix A); our suggestion.
   config.pertmind = dict(lambda_pw=0.0 if arg.reward == "gene" else 0.3, lambda_fmt=0.1,
                          use_conf=True)
   config.loss.beta = 0.02  # sampled-token k3 KL to the frozen starting (SFT) policy

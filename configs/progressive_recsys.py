@@ -87,7 +87,7 @@ def get_config(arg=None):
   # SFT terms' weights and the IPS clip constant c (the paper's: not found; PROPOSAL).
   c.loss = ml_collections.ConfigDict(dict(policy=1.0, reward=1.0, propensity=1.0,
                                           ips_clip=50.0))
-  # RFT (spec §7.3 PROPOSAL: the paper gives top-32 candidates; τ, G, β, ε not found).
+  # RFT (PROPOSAL: the paper gives top-32 candidates; τ, G, β, ε not found).
   c.rft = ml_collections.ConfigDict(dict(candidates=32, group_size=8, temperature=1.0,
                                          epsilon=0.2, beta=arg.beta, updates=2, adv_eps=1e-6))
   c.eval = ml_collections.ConfigDict(dict(ndcg_k=10, deep_top=5))

@@ -1,5 +1,5 @@
 r"""RecoverFly (arXiv 2608.09467): failure-aware token-level RL on synthetic aerial navigation
-(`tasks.aerial_nav`, spec §5.3 PROPOSAL; the method is `methods.recoverfly.RecoverFly`).
+(`tasks.aerial_nav`; PROPOSAL; the method is `methods.recoverfly.RecoverFly`).
 
 The policy reads a map code, its start cell and a goal descriptor with the goal's offset
 (`H23B11 @04 tower@31 d+3-3`) and writes an action program `M<dir><dist> × 3 STOP` under a
@@ -13,7 +13,7 @@ success. GRPO on the action tokens plus:
   reference KL     `loss.beta`·k3 KL to the frozen start on the last `kl_window` action tokens
                    (0: the whole trajectory)
 
-Every constant here is a PROPOSAL: the paper's values are "not found" (spec §5.1).
+Every constant here is a PROPOSAL: the paper's values are "not found".
 
 Commands (BC pretraining on head-scene expert programs, then RL from it):
 

@@ -8,7 +8,7 @@ the same rollout noise): `energy` (mode q, R = R_E), `q` (mode q, R = R_match + 
 (mode c: coverage advantage + KL to the pretrained policy over all T steps). Each run's
 evaluation at its last step (16 trials × 20 ODE samples from fixed noise): MR@1, MR@20, RMSE of
 the matched (1 sample / best of 20), distinct polymorphs per 20, the lowest-energy polymorph's
-share. The questions (spec §8.3): does energy-only collapse onto the lowest-energy polymorph
+share. The questions: does energy-only collapse onto the lowest-energy polymorph
 (p0; the target is p1) and lose Top-20; does Q raise Top-1; does C keep Top-20?
 
 One JSON line per run, then one per mode (mean ± std over seeds), all saved to

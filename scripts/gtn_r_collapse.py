@@ -17,7 +17,7 @@ Prints one JSON line per (seed, variant, evaluation step) with the held-out metr
 predictive mean overall / hard / easy, mass near the truth π(RMS((y − y*)/σ̂) ≤ δ_eval), the
 predictive std, the distance of the mean to y*) and the hard-region rollout reward, then one
 `summary` line per variant (final values, mean ± std over seeds). Plots the curves to --plot.
-All GTN-R numbers are the PROPOSAL defaults of configs/gtn_r.py (spec §6.2 / §6.3).
+All GTN-R numbers are the PROPOSAL defaults of configs/gtn_r.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@ r"""MoE proxy reproduction (arXiv 2608.10823): (a) accuracy retention, (b) fault
 
 (a) Claim (§3.4, secondary): clustering-selected proxies (three views + K-Medoids) retain more of
 the original model's accuracy than frequency-only, and much more than random or first-K
-selection. Synthetic analogue (spec §3.5, PROPOSAL): `qwen3_moe_tiny` (16 experts, top-2,
+selection. Synthetic analogue (PROPOSAL): `qwen3_moe_tiny` (16 experts, top-2,
 2 layers) trained supervised on (a + b) mod 23, proxies with K ∈ {4, 8}.
 
 (b) Claim (§3.3): a proxy run in the same GRPO stack reproduces the fault response of the full

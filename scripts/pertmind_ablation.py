@@ -1,5 +1,5 @@
 r"""PertMind's reward ablation on the synthetic atlas: gene-only vs gene + pathway reward vs
-shuffled pathway labels (arXiv 2608.16419 §4.3 "Ablations"; spec §4.4 PROPOSAL analogue).
+shuffled pathway labels (arXiv 2608.16419 §4.3 "Ablations"; PROPOSAL analogue).
 
 Per seed: one SFT stage on the structured traces (the shared RL init and frozen KL reference),
 then grammar-constrained GRPO (configs/pertmind.py) with each reward. Every policy is scored

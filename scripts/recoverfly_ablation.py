@@ -1,4 +1,4 @@
-r"""RecoverFly's component ablation on synthetic aerial navigation (arXiv 2608.09467; spec §5.3
+r"""RecoverFly's component ablation on synthetic aerial navigation (arXiv 2608.09467;
 PROPOSAL analogue): GRPO vs +failure replay vs +curriculum vs +window KL vs all, from one
 behaviour-cloned policy, with a matched rollout budget.
 

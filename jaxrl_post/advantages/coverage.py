@@ -1,9 +1,9 @@
-"""Coverage-aware group advantages (CrystalGRPO's C mode, arXiv 2608.06582; spec §8.2, PROPOSAL).
+"""Coverage-aware group advantages (CrystalGRPO's C mode, arXiv 2608.06582; PROPOSAL).
 
 A group of G samples answers one prompt (a composition). Besides each sample's reward R_i, the
 group as a whole *covers* the targets: finite-budget Top-N recovery needs some member to match,
 not every member. CrystalGRPO credits a member with its marginal coverage (the paper's formula
-was not found; this is the spec's proposal), leave-one-out:
+was not found; this is our PROPOSAL), leave-one-out:
 
   R^cov_i = Cov(G) − Cov(G \\ {i})
 

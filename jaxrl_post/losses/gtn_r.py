@@ -1,11 +1,11 @@
-"""TS-GRPO for continuous forecasts and GTN-R (arXiv 2608.08010, spec §6.2; PROPOSAL).
+"""TS-GRPO for continuous forecasts and GTN-R (arXiv 2608.08010; PROPOSAL).
 
 GTN-R ("Ground-Truth Neighborhood Regularization for RL post-training of time-series
 foundation models") reports *suboptimal collapse*: where good forecasts are initially hard to
 sample, group-relative RL keeps reinforcing the best of poor samples and moves the predictive
 distribution away from the truth. Its fix uses the ground truth to push mass into the truth's
-neighbourhood. The paper's loss, neighbourhood and λ were not found (spec §6.1); everything
-below is the spec's PROPOSAL, with its free numbers as arguments.
+neighbourhood. The paper's loss, neighbourhood and λ were not found; everything
+below is our PROPOSAL, with its free numbers as arguments.
 
 Notation: `B` series per batch, `G` forecasts per series (the group), `H` horizon points,
 `σ̂_b` the series' scale (context std), `y*_b` the true future.

@@ -4,7 +4,7 @@ The reward model of "Progressive Alignment of Recommender Foundation Model throu
 Post-Training" (arXiv 2608.06792) regresses the depth a user reaches in a K-level consumption
 funnel (impression → click → … → paid completion; K = 6) and is debiased with inverse-propensity
 weights from an exposure-propensity head. The paper's ordinal link, clip constant and
-normalisation were not found; the spec's PROPOSAL (§7.3), implemented here:
+normalisation were not found; our PROPOSAL, implemented here:
 
   P(level > k | u, i) = σ(s(u, i) − b_k),  k = 0 … K−2,  b_0 < b_1 < … < b_{K−2}
   P(level = k) = P(level > k−1) − P(level > k)       (P(level > −1) = 1, P(level > K−1) = 0)

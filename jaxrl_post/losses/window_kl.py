@@ -1,4 +1,4 @@
-"""Windowed reference KL (RecoverFly, arXiv 2608.09467, spec §5.2 PROPOSAL): the k3 KL to the
+"""Windowed reference KL (RecoverFly, arXiv 2608.09467; PROPOSAL): the k3 KL to the
 frozen initial policy on a window of action tokens only, next to the clipped surrogate.
 
 RecoverFly regularises towards the reference policy so that updates do not erode acquired

@@ -1,4 +1,4 @@
-"""CrystalGRPO (arXiv 2608.06582; spec §8.2–§8.3): flow GRPO on toy crystals, Q and C modes.
+"""CrystalGRPO (arXiv 2608.06582): flow GRPO on toy crystals, Q and C modes.
 
 A run is one `config.method`:
 

@@ -1,4 +1,4 @@
-"""RecoverFly's data side (arXiv 2608.09467, spec §5.2 PROPOSAL): a failure-revisiting buffer
+"""RecoverFly's data side (arXiv 2608.09467; PROPOSAL): a failure-revisiting buffer
 and a two-stage long-tail scene curriculum, as one GRPO step part.
 
 The paper names the components ("revisiting unresolved failure cases", "two-stage long-tail

@@ -4,7 +4,7 @@
 (NAVER WEBTOON, RecSys 2026 Industry) post-trains a sequential-behaviour foundation model (FM) in
 phases: linear probing of new heads on the frozen FM, full fine-tuning with the backbone at a
 10× smaller rate, then GRPO against a frozen ordinal reward model. This is its synthetic
-analogue (spec §7.3 / §7.4, PROPOSAL): `tasks.recommender_log` simulates users, a logging
+analogue (PROPOSAL): `tasks.recommender_log` simulates users, a logging
 policy and a 6-level funnel; `models.recommender.RecommenderFM` is the FM with its heads. One
 run is one `config.phase`; every phase but `pretrain` starts from the previous run's workdir
 (`config.init_from`):
@@ -37,7 +37,7 @@ once: it and the reference policy are the same after a restart); A = group z-sco
       + β · mean_requests KL(π_θ ‖ π_ref)         (exact, over the candidate set)
 
 with π(i | u) = softmax_{candidates}(f/τ) (per-item log-probs: the without-replacement draw is
-not corrected for, a PROPOSAL as in the spec). Evaluation ranks all items for held-out users:
+not corrected for, a PROPOSAL). Evaluation ranks all items for held-out users:
 Rank NDCG@k (gain P(click)), Funnel NDCG@k (gain E[level]), deep-engagement rate (mean
 P(level ≥ 3) of the top-`deep_top` items), for the policy and for the reward model used as the
 ranker (`eval/rm/…`).

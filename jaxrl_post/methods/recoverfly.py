@@ -1,7 +1,7 @@
 """RecoverFly (arXiv 2608.09467): failure-aware token-level RL for grammar-constrained action
 programs, on the one loop (configs/recoverfly.py, experiments/recoverfly.py).
 
-GRPO (`methods.grpo.GRPO`) with RecoverFly's four components (spec §5.2; each is a PROPOSAL,
+GRPO (`methods.grpo.GRPO`) with RecoverFly's four components (each is a PROPOSAL,
 the paper's rules are "not found"):
 
   1. token-level RL on grammar-constrained action tokens: `config.constrained_decoding` masks

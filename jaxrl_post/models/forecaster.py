@@ -1,6 +1,6 @@
 """A tiny probabilistic time-series forecaster with a Gaussian-mixture head per horizon point.
 
-The policy of GTN-R / TS-GRPO (arXiv 2608.08010, spec §6) in miniature: a context window
+The policy of GTN-R / TS-GRPO (arXiv 2608.08010) in miniature: a context window
 `x ∈ R^C` maps to a predictive distribution over the horizon `y ∈ R^H`,
 
   π_θ(y | x) = Π_h Σ_k w_hk(x) · N(y_h; μ_hk(x), σ_hk(x)²),   Σ_k w_hk = 1,
@@ -41,7 +41,7 @@ class ForecasterConfig:
     horizon: H, the forecast horizon.
     hidden: width of the MLP.
     num_layers: GELU layers of the MLP (≥ 1).
-    num_components: K mixture components per horizon point (K = 2 in spec §6.3).
+    num_components: K mixture components per horizon point (K = 2).
     min_scale: floor of σ_hk in units of the context scale `s`.
     scale_floor: floor of the context scale `s` itself (a flat context).
     param_dtype: parameter dtype name.

@@ -9,7 +9,7 @@ fine-tuning). Which experts are kept:
      top-k slots routed to e), co-activation counts C_ee' (tokens that select both), and the
      hidden states routed to each expert (the MoE block's input).
   2. Three distance views, each scaled to [0, 1] by its largest off-diagonal entry. The
-     paper's exact definitions are "not found" (spec §3.2); these are PROPOSAL choices:
+     paper's exact definitions are "not found"; these are PROPOSAL choices:
        D_r(e, e') = 1 − cos(W_r[:, e], W_r[:, e'])               router-parameter view
        D_c(e, e') = 1 − C_ee' / sqrt(n_e · n_e')                 co-activation view
                     (n_e tokens selecting e; experts never selected are at distance 1)

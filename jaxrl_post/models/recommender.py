@@ -1,7 +1,7 @@
 """A tiny sequential-behaviour recommender foundation model (GRU) with post-training heads.
 
 The model of the synthetic analogue of "Progressive Alignment of Recommender Foundation Model
-through Multi-Phase Post-Training" (arXiv 2608.06792; spec §7.1 / §7.4, sizes PROPOSAL):
+through Multi-Phase Post-Training" (arXiv 2608.06792, sizes PROPOSAL):
 
   backbone         item embeddings E `[I, d]` and a GRU over the user's history:
                    h_t = GRU(h_{t−1}, E[x_t]); the user state is h_L. Pretrained on next-item

@@ -7,7 +7,7 @@ decides *where* a request goes; admission decides *whether* a new session may st
 the resident KV set does not outgrow the cache (evicted continuation prefixes → cold prefill →
 longer queues → more eviction) while the mixture the trainer released is still served.
 
-Formulas (§2.2 of the spec; as reported in secondary write-ups of the paper):
+Formulas (as reported in secondary write-ups of the paper):
 
   placement cost   ĉ_{r,w} = d_w + (L_r − H_{r,w}) / μ_w                 (`placement_cost`)
   MISA (space)     S_{w,b} = N_{w,b} k̄_b,  M^space_{w,b} = C_w S_{w,b} / Σ_b' S_{w,b'}

@@ -1,6 +1,6 @@
 """A time-stepped simulator of a shared rollout-serving pool (MISA-T's synthetic analogue).
 
-PROPOSAL (spec §2.6; not the paper's simulator, which is not public): numpy only, deterministic
+PROPOSAL (not the paper's simulator, which is not public): numpy only, deterministic
 given a seed. Units: time in ticks, KV and token lengths in blocks.
 
   * `W` instances, each with `capacity` KV blocks: running requests pin their context;

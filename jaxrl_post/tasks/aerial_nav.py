@@ -1,7 +1,7 @@
 """RecoverFly's synthetic aerial navigation (`"aerial_nav"`): grammar-constrained action programs.
 
 RecoverFly (arXiv 2608.09467) post-trains a UAV vision-language-action policy that emits
-grammar-constrained action tokens, executed in closed loop. This is the spec's §5.3 PROPOSAL
+grammar-constrained action tokens, executed in closed loop. This is our PROPOSAL
 analogue, a text task on a `grid × grid` map of obstacle cells:
 
 * scenes = map archetypes: `H<r><c>` a horizontal wall on row r with a gap at column c,
@@ -30,7 +30,7 @@ analogue, a text task on a `grid × grid` map of obstacle cells:
   whether it is a head scene (`scene < num_head_scenes`), the obstacles, start and goal.
 
 All of it (grid, archetypes, Zipf exponent, vocabularies, shaping) is PROPOSAL: the paper's
-TravelUAV simulator, grammar and reward are "not found" (spec §5.1).
+TravelUAV simulator, grammar and reward are "not found".
 """
 
 from __future__ import annotations

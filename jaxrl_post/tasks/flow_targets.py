@@ -1,6 +1,6 @@
 """Synthetic targets for flow-policy RL (LeanGRPO arXiv 2609.03528 / Flow-GRPO 2505.05470).
 
-The smallest analogue of text-to-image flow RL (PROPOSAL, spec §1.6): the data are a mixture of
+The smallest analogue of text-to-image flow RL (PROPOSAL): the data are a mixture of
 isotropic Gaussians in 2-D (or 1-D), a tiny velocity MLP is pretrained on them by flow matching,
 and GRPO then tilts the policy towards one mode with the reward
 

@@ -1,7 +1,7 @@
 """PertMind's synthetic perturbation atlas (`"pertmind"`): (cell line, drug, gene) → Up/Down/No.
 
 PertMind (arXiv 2608.16419) turns Tahoe-100M pseudobulk statistics into an RL environment.
-This is the spec's §4.4 PROPOSAL analogue, on CPU in a second:
+This is our PROPOSAL analogue, on CPU in a second:
 
 * a random signed gene-regulatory graph `W [G, G]` whose edges fall mostly inside pathways
   (gene sets; every gene in 1–3 of them), so that a pathway's members move together;

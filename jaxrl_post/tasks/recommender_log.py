@@ -1,6 +1,6 @@
 """A simulated recommender: users, items, behaviour histories, a logging policy, funnel outcomes.
 
-The synthetic analogue (spec §7.4, a PROPOSAL) of the NAVER WEBTOON setting of "Progressive
+The synthetic analogue (PROPOSAL) of the NAVER WEBTOON setting of "Progressive
 Alignment of Recommender Foundation Model through Multi-Phase Post-Training" (arXiv 2608.06792):
 
 * Users u and items i have latent vectors (`dim`); affinity a(u, i) = x_u · y_i / √dim.

@@ -1,4 +1,4 @@
-"""Synthetic regime-mixture series for forecaster post-training (GTN-R, spec §6.3; PROPOSAL).
+"""Synthetic regime-mixture series for forecaster post-training (GTN-R; PROPOSAL).
 
 A series of length C + H (context 32, horizon 8 by default) is one base regime plus level
 changes, then an affine map to its own level and scale:
@@ -16,7 +16,7 @@ Two mixes (`MIXES`) differ only in the regime weights and in `shift_given_cue`: 
 mix rarely shifts after a cue (0.1), the RL mix always does (1.0). A forecaster pretrained by NLL
 on the first mix puts a low-weight component near the shifted future of cue series; in the RL
 mix those series are the *hard regions* (`Series.hard`): the truth is near the low-weight
-component, as in the "suboptimal collapse" setting of GTN-R (arXiv 2608.08010, spec §6.1).
+component, as in the "suboptimal collapse" setting of GTN-R (arXiv 2608.08010).
 Every number above is a PROPOSAL of this analogue (the paper's data are ETT, ECL, Weather, …).
 
 The per-series scale `σ̂` is the context's population std (floored at `scale_floor`), the unit

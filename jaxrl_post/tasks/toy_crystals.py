@@ -1,4 +1,4 @@
-"""Toy crystals: CrystalGRPO's synthetic analogue (arXiv 2608.06582; spec §8.2–§8.3, PROPOSAL).
+"""Toy crystals: CrystalGRPO's synthetic analogue (arXiv 2608.06582; PROPOSAL).
 
 A structure is a 2-D periodic cell with lattice `(a, b, γ)` (lattice vectors `a₁ = (a, 0)`,
 `a₂ = (b cos γ, b sin γ)`, area `V = a·b·sin γ`) and N atoms of two species A, B at fractional

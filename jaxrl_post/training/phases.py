@@ -12,7 +12,7 @@ groups train and at which multiple of the base learning rate:
 (its own moments) and every group with m = 0 (or absent) `optax.set_to_zero()`: a frozen
 group's update is exactly zero and it keeps no optimizer state. The phase schedule of
 "Progressive Alignment of Recommender Foundation Model through Multi-Phase Post-Training"
-(arXiv 2608.06792, §7.1 of the spec): LP freezes the backbone and trains the new modules; FFT
+(arXiv 2608.06792): LP freezes the backbone and trains the new modules; FFT
 trains everything with the backbone at 1/10 of the heads' rate (1e-5 vs 1e-4); RFT freezes the
 reward and propensity heads (`RECSYS_PHASES`).
 
@@ -55,7 +55,7 @@ GROUP_RULES.add("recommender", (
   ("propensity", prefix("propensity_head")),
 ))
 
-# The spec's phases (§7.1) as learning-rate multipliers of `config.optimizer.lr`; 0 / absent =
+# The paper's phases as learning-rate multipliers of `config.optimizer.lr`; 0 / absent =
 # frozen. sft1 is the one-phase baseline (everything at the base rate).
 RECSYS_PHASES = {
   "sft1": {"backbone": 1.0, "heads": 1.0, "reward": 1.0, "propensity": 1.0},
