@@ -31,7 +31,7 @@ mismatch RTPO measures into the calibration; it is not offered.
 PROPOSAL choices (the paper gives none of them): both views are scored with the rollout
 parameters θ_old right after the rollout (stop-gradient); the default template is a
 short `[hindsight: {observation}]\n` because the tokenizer here is per-character and contexts
-are ~100 tokens (the spec's long form, `[Hindsight] After this action the environment returned:
+are ~100 tokens (the long form, `[Hindsight] After this action the environment returned:
 {observation}. Re-evaluate the action:`, takes 94 characters with the placeholder: it needs
 `--config.max_context_len=256`, as `OCSDConfig.check_lengths` says); the observation
 is the env's reply stripped of surrounding whitespace; after a final answer, whose reply is empty,
