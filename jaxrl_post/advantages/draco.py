@@ -84,9 +84,10 @@ def draco_step_stats(
   A step takes part ("real") when `step_mask` is set AND it has at least one token. Our choice
   for a masked-in step with n_j = 0 (the paper does not say): it is dropped like a padded step
   (a_j = 0, its citations do not enter the cited mean). Keeping it would either divide by zero
-  or, with a `max(n_j, 1)` guard (a common sketch of this formula), hand it a share A_i N w_j/Σw of the push that no
-  token can carry, so that Σ_j n_j a_j < A_i N (conservation broken). Counts on padded steps
-  are ignored for the same reason (such a sketch would let them into the cited mean).
+  or, with a `max(n_j, 1)` guard (a common sketch of this formula), hand it a share
+  A_i N w_j/Σw of the push that no token can carry, so that Σ_j n_j a_j < A_i N
+  (conservation broken). Counts on padded steps are ignored for the same reason (such a
+  sketch would let them into the cited mean).
 
   `eps` is the threshold below which Σ w counts as zero (adding it to the
   denominator instead would bias the total push by a relative ~eps/Σw; thresholding keeps
