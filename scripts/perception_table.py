@@ -4,11 +4,12 @@ r"""Table and plots of the Falcon Perception-HD reproduction (configs/perception
   python scripts/perception_table.py /tmp/perc2 --plots docs --prefix perception_pointer
 
 Reads `<root>/s<seed>/<run>/metrics.jsonl` for the runs `sft`, `rl`, `rl_nodetach`, `sft_more`
-(plus the single-seed probes `rl_lr1e-5`, `rl_f1`)
+(plus the single-seed probes `rl_lr1e-5`, `rl_f1`, and the paper's optimizer `rl_paper`,
+`rl_paper_main`, `rl_paper_lr1e-4`)
 (and the wall-clock seconds in `<run>/done`, written by the reproduction loop), prints a Markdown
 table of the final evaluation (mean ± std over seeds, and every seed), and writes
-`<prefix>_f1_by_count.png`, `<prefix>_nms.png` and `<prefix>_rl_curves.png` to `--plots`
-(`--prefix` defaults to `perception`).
+`<prefix>_f1_by_count.png`, `<prefix>_nms.png`, `<prefix>_rl_curves.png` and (when a `rl_paper`
+run exists) `<prefix>_optimizer.png` to `--plots` (`--prefix` defaults to `perception`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,17 @@ RUNS = (("sft", "SFT (400 steps)"), ("sft_more", "SFT + 60 more steps (control)"
         ("rl", "SFT → RL 60 steps (existence detached)"),
         ("rl_nodetach", "SFT → RL 60 steps (no detach)"),
         # Single-seed probes of the collapse (docs/results.md).
-        ("rl_lr1e-5", "SFT → RL, lr 1e-5"), ("rl_f1", "SFT → RL, F1 reward"))
+        ("rl_lr1e-5", "SFT → RL, lr 1e-5"), ("rl_f1", "SFT → RL, F1 reward"),
+        # The paper's optimizer (`optimizer=paper` / `paper_main`, configs/perception_dense.py).
+        ("rl_paper", "SFT → RL 60, paper's Muon + Lion (peak 5e-6)"),
+        ("rl_paper_main", "SFT → RL 60, Muon + Lion 1e-5 → 1e-6"),
+        ("rl_paper_lr1e-4", "SFT → RL 60, Muon + Lion at peak 1e-4 (paper's schedule)"))
 MAIN_RUNS = RUNS[:4]  # The plots show the 3-seed grid only.
+# The optimizer comparison plot: AdamW (the reported runs) against the paper's optimizer.
+OPTIMIZER_RUNS = (("rl", "AdamW 1e-4 (reported)", "C2"),
+                  ("rl_paper", "Muon + Lion, peak 5e-6 (paper)", "C6"),
+                  ("rl_paper_main", "Muon + Lion, 1e-5 → 1e-6", "C7"),
+                  ("rl_paper_lr1e-4", "Muon + Lion, peak 1e-4", "C8"))
 BUCKETS = ("1-10", "11-50", "51-200", "201-500")
 COLUMNS = (("eval/dense/f1@0.5", "dense F1@0.5"), ("eval/dense/nms_f1@0.5", "+NMS"),
            ("eval/dense/redundancy", "redundancy"), ("eval/dense/count_ratio", "pred/GT"),
@@ -162,6 +172,38 @@ def plot(root, seeds, table, out: Path, prefix: str = "perception"):
   axes[0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(out / f"{prefix}_rl_curves.png", dpi=120)
+  plt.close(fig)
+  if any(table[run] for run, _, _ in OPTIMIZER_RUNS[1:]):
+    plot_optimizers(root, seeds, out / f"{prefix}_optimizer.png")
+
+
+def plot_optimizers(root, seeds, path: Path):
+  """RL curves per optimizer: reward, boxes per GT, and the size of each update ‖Δθ‖."""
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+  keys = (("train/reward", "reward −(FN + 0.3·FP)"), ("train/pred_per_gt", "predicted / GT"),
+          ("train/update_norm", "‖Δθ‖ per step (log)"))
+  for run, label, color in OPTIMIZER_RUNS:
+    first = True
+    for s in seeds:
+      workdir = root / f"s{s}" / run
+      records = [r for r in read_metrics(workdir) if "train/reward" in r] \
+        if workdir.exists() else []
+      if not records:
+        continue
+      steps = [r["step"] for r in records]
+      for ax, (key, _) in zip(axes, keys):
+        ax.plot(steps, [r.get(key, np.nan) for r in records], color=color, alpha=0.7,
+                label=label if first else None)
+      first = False
+  for ax, (_, title) in zip(axes, keys):
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("RL step")
+  axes[2].set_yscale("log")
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
   plt.close(fig)
 
 

@@ -21,6 +21,13 @@ resumed run sees what it would have and there is no data position to checkpoint.
 Evaluation (greedy) on two fixed test sets: `dense` ("anything" queries, counts spread over the
 buckets 0, 1–10, 11–50, 51–200, 201–500; F1 by bucket, with and without NMS, redundancy) and
 `ref` (in-distribution colour/shape queries with negatives; F1 and presence MCC).
+
+Deviations from the paper (docs/results.md, "Falcon Perception-HD"): there is no mask head — a
+chain is `<coord>(x,y) <size>(w,h)` per instance with no `<seg>` step, so every F1 is box F1 at
+IoU 0.5, where the paper reports mask F1 (its seg head is frozen in RL and carries no
+policy-gradient term, so the RL loss has the same terms). The optimizer is `config.optimizer`:
+AdamW in the reported runs; the paper's Muon + Lion split with `optimizer=paper`
+(configs/perception_dense.py, `training.optimizers`).
 """
 
 from __future__ import annotations

@@ -16,21 +16,40 @@ def optimizer_config(*, lr: float, name: str = "adamw", warmup_steps: int = 0,
                      decay_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0,
                      b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                      momentum: float = 0.0,
-                     moments_dtype: str = "float32") -> ml_collections.ConfigDict:
+                     moments_dtype: str = "float32", schedule: str = "cosine",
+                     decay_fraction: float = 1.0, cautious_weight_decay: bool = False,
+                     muon_beta: float = 0.95, muon_consistent_rms: float = 0.0,
+                     lion_params: tuple[str, ...] = ("embed",),
+                     head_params: tuple[str, ...] = ("lm_head",),
+                     head_lr_scale: float = 1.0) -> ml_collections.ConfigDict:
   """The `config.optimizer` block `setup.build_optimizer` reads.
 
-  `name` is "adamw" (`b1`, `b2`, `eps`, `weight_decay`) or "sgd" (`momentum`);
-  both follow linear warm-up then cosine decay to lr / 10. `decay_steps=0`
-  decays over the run's updates; a huge value keeps the rate constant.
+  `name` (`setup.OPTIMIZERS`; the update rules are in `training.optimizers`):
+    "adamw" (`b1`, `b2`, `eps`, `weight_decay`); "sgd" (`momentum`);
+    "lion" (`b1`, `b2`, `weight_decay`, `cautious_weight_decay`; arXiv 2302.06675);
+    "muon" (`optax.contrib.muon`: `muon_beta`, `muon_consistent_rms` on ≥ 2-D weights,
+    AdamW with `b1`, `b2`, `eps`, `weight_decay` on the rest);
+    "muon_lion" (Falcon Perception-HD's split, arXiv 2608.18881: Muon on the ≥ 2-D hidden
+    weights; Lion on 1-D parameters and on paths containing a `lion_params` substring (the
+    embeddings); Lion at lr × `head_lr_scale` on paths containing a `head_params` substring).
+  Every optimizer follows a linear warm-up over `warmup_steps`, then `schedule` ("cosine" or
+  "linear") down to lr / 10 at `decay_fraction` of the decay horizon, constant after it.
+  `decay_steps=0` makes the horizon the run's updates; a huge value keeps the rate constant.
+  `cautious_weight_decay` decays only where the update already shrinks |θ| (arXiv 2510.12402).
+  `muon_consistent_rms` r > 0 scales Muon's orthogonal update to RMS r (0: optax's
+  √max(1, d_out/d_in)).
   `moments_dtype` is "float32" (the optimizer state — Adam's two moments,
-  SGD's momentum — and the update arithmetic in float32 whatever the
+  SGD's and Lion's momentum — and the update arithmetic in float32 whatever the
   parameter dtype: the usual recipe with bf16 parameters) or "params" (the
   state in the parameter dtype, optax's own behaviour; half the memory).
   """
   return ml_collections.ConfigDict(dict(
     name=name, lr=lr, warmup_steps=warmup_steps, decay_steps=decay_steps,
     weight_decay=weight_decay, grad_clip=grad_clip, b1=b1, b2=b2, eps=eps, momentum=momentum,
-    moments_dtype=moments_dtype))
+    moments_dtype=moments_dtype, schedule=schedule, decay_fraction=decay_fraction,
+    cautious_weight_decay=cautious_weight_decay, muon_beta=muon_beta,
+    muon_consistent_rms=muon_consistent_rms, lion_params=tuple(lion_params),
+    head_params=tuple(head_params), head_lr_scale=head_lr_scale))
 
 
 # `ModelConfig` fields that say how a model runs, not what it is; config keys of

@@ -28,6 +28,7 @@ from jaxrl_post.rewards.math_answers import shared_pool
 from jaxrl_post.rewards.verifiers import pooled_verifier
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tasks.chat import ChatTask
+from jaxrl_post.training import optimizers
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, as_path, resolve_start
 from jaxrl_post.training.train_state import TrainState
 
@@ -211,10 +212,16 @@ def build_model(config, tokenizer, start: StartPoint, mesh: Mesh | None = None,
   return model
 
 
-def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
-  """AdamW or SGD with linear warm-up then cosine decay, after global-norm clipping.
+# `config.optimizer.name` values.
+OPTIMIZERS = ("adamw", "sgd", "lion", "muon", "muon_lion")
 
-  `config.optimizer` is a `base_configs.optimizer_config()` block; with
+
+def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
+  """The optimizer of `config.optimizer`, with warm-up then decay, after global-norm clipping.
+
+  `config.optimizer` is a `base_configs.optimizer_config()` block; `name` is one of
+  `OPTIMIZERS` (AdamW, SGD, Lion, Muon, or the Muon + Lion split of arXiv 2608.18881:
+  `training.optimizers`), the schedule `optimizers.schedule_fn`. With
   `moments_dtype="float32"` (default) the whole chain runs in float32
   (`with_float32_state`), so bf16 parameters get float32 moments.
   """
@@ -222,10 +229,13 @@ def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
   # An explicit decay horizon keeps the schedule of a run independent of where
   # it is stopped (a shorter `steps` then gives a prefix of the same run).
   total_steps = int(opt.get("decay_steps") or total_steps)
-  warmup = min(int(opt.warmup_steps), max(total_steps - 1, 0))
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0 if warmup else opt.lr, peak_value=opt.lr, warmup_steps=warmup,
-    decay_steps=max(total_steps, warmup + 1), end_value=opt.lr * 0.1)
+  schedule = optimizers.schedule_fn(opt, total_steps)
+  if opt.name not in OPTIMIZERS:
+    raise ValueError(f"config.optimizer.name={opt.name!r}: expected one of "
+                     f"{', '.join(repr(n) for n in OPTIMIZERS)}")
+  if opt.get("cautious_weight_decay") and opt.name in ("adamw", "sgd"):
+    raise ValueError(f"config.optimizer.cautious_weight_decay is for 'lion' and 'muon_lion', "
+                     f"not name={opt.name!r}")
   if opt.name == "adamw":
     update = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
                          weight_decay=opt.weight_decay)
@@ -234,8 +244,12 @@ def build_optimizer(config, total_steps: int) -> optax.GradientTransformation:
       raise ValueError("config.optimizer.weight_decay is AdamW's decoupled decay; set it to 0 "
                        "with name='sgd'")
     update = optax.sgd(schedule, momentum=opt.momentum or None)
+  elif opt.name == "lion":
+    update = optimizers.lion(schedule, opt)
+  elif opt.name == "muon":
+    update = optimizers.muon(schedule, opt)
   else:
-    raise ValueError(f"config.optimizer.name={opt.name!r}: expected 'adamw' or 'sgd'")
+    update = optimizers.muon_lion(schedule, opt)
   stages = [optax.clip_by_global_norm(opt.grad_clip), update]
   constraint = getattr(config, "update_constraint", None)  # absent: a plain optimizer
   if constraint is not None and constraint.name != "none":

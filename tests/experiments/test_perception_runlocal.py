@@ -51,6 +51,21 @@ def test_config_variants_and_sweep():
     module.get_config("phase=ppo")
   with pytest.raises(ValueError, match="unknown config arg 'lr'"):
     module.get_config("lr=1")
+  # The optimizer: AdamW 1e-4 in the reported RL runs; `optimizer=paper` is the paper's Muon +
+  # Lion (appendix schedule: peak 5e-6, warm-up 50 of 600 steps scaled, linear decay over 80 %).
+  adamw = module.get_config("phase=rl").optimizer
+  assert (adamw.name, adamw.lr) == ("adamw", 1e-4)
+  paper = module.get_config("phase=rl,optimizer=paper").optimizer
+  assert (paper.name, paper.lr, paper.warmup_steps, paper.schedule, paper.decay_fraction,
+          paper.weight_decay, paper.cautious_weight_decay) == (
+            "muon_lion", 5e-6, 5, "linear", 0.8, 0.01, True)
+  assert paper.head_lr_scale == pytest.approx(128 ** -0.5)
+  main = module.get_config("phase=sft_more,optimizer=paper_main").optimizer
+  assert (main.name, main.lr, main.warmup_steps) == ("muon_lion", 1e-5, 0)
+  with pytest.raises(ValueError, match="optimizer='paper' is for phase=rl"):
+    module.get_config("phase=sft,optimizer=paper")
+  with pytest.raises(ValueError, match="optimizer='lamb'"):
+    module.get_config("phase=rl,optimizer=lamb")
   added = []
   module.sweep(lambda **kw: added.append(kw))
   assert len(added) == 12 and {kw["phase"] for kw in added} == {"sft", "rl", "sft_more"}

@@ -31,11 +31,14 @@ def test_command_line_prints_the_table_and_writes_the_plots(tmp_path, capsys):
               **{f"eval/dense/{k}@0.5/{b}": f1 for k in ("f1", "nms_f1") for b in SCRIPT.BUCKETS}}
     (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
     (run / "done").write_text("30")
-  rl = tmp_path / "root" / "s0" / "rl"  # RL training records only (the curves' plot)
-  rl.mkdir()
-  (rl / "metrics.jsonl").write_text("".join(json.dumps(
-    {"step": step, "train/reward": -1.0, "train/pred_per_gt": 1.0, "train/entropy_coord": 2.0})
-    + "\n" for step in (1, 2)))
+  for name in ("rl", "rl_paper"):  # RL training records only (the curves' plots)
+    rl = tmp_path / "root" / "s0" / name
+    rl.mkdir()
+    (rl / "metrics.jsonl").write_text("".join(json.dumps(
+      {"step": step, "train/reward": -1.0, "train/pred_per_gt": 1.0, "train/entropy_coord": 2.0,
+       "train/update_norm": 1e-3} | ({"eval/dense/f1@0.5": 0.4, "eval/ref/mcc": 0.1}
+                                     if name == "rl_paper" and step == 2 else {}))
+      + "\n" for step in (1, 2)))
   # As docs/results.md writes it: the root positional, `--plots DIR --prefix NAME` (no `=`).
   argv = script_flags.parse(SCRIPT.FLAGS, ["perception_table.py", str(tmp_path / "root"),
                                            "--plots", str(tmp_path / "plots"),
@@ -45,7 +48,8 @@ def test_command_line_prints_the_table_and_writes_the_plots(tmp_path, capsys):
   assert "seeds: [0, 1]" in text
   assert "| SFT (400 steps) (n=2) | 0.600 ± 0.100 |" in text and "0.250 ± 0.000 |" in text
   assert "| 30 |" in text and "s0 0.500/0.250, s1 0.700/0.250" in text
-  for name in ("f1_by_count", "nms", "rl_curves"):
+  assert "rl_paper: s0 0.400/0.100" in text
+  for name in ("f1_by_count", "nms", "rl_curves", "optimizer"):
     assert (tmp_path / "plots" / f"pointer_{name}.png").exists(), name
   assert script_flags.parse(SCRIPT.FLAGS, ["perception_table.py", "r"]) == ["perception_table.py",
                                                                             "r"]
