@@ -29,8 +29,10 @@ while other jobs shared the cores (≈ 3-5 s alone, 800 steps ≈ 1 hour), and `
 `model=tiny` for a smoke-sized version (it stays at 0 success).
 
 Variants (after the colon): `method=sft|flat_grpo|turn_grpo|rtpo`, `horizon=K`, `seed=<n>`,
-`model=<preset>` (default `small`), `steps=<n>`, `budget=<tokens>` (−1: the per-K default,
-0: none), `runlocal` (a few steps, for tests). Any field: `--config.continuation=off_policy`.
+`paper=0` (β = 0, T = 1 and no log-ratio clamp instead of the paper's 0.02, 0.9
+and ±10, as in the first grid), `model=<preset>` (default `small`), `steps=<n>`,
+`budget=<tokens>` (−1: the per-K default, 0: none), `runlocal` (a few steps, for tests).
+Any field: `--config.continuation=off_policy`.
 """
 
 from pathlib import Path
@@ -44,8 +46,10 @@ HORIZONS, SEEDS = rtpo_common.HORIZONS, rtpo_common.SEEDS
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, method="rtpo", horizon=4, seed=0, model="small", steps=0,
-                  budget=-1)
+                  budget=-1, paper=True)
   config = rtpo_common.base_config(arg)
+  # The paper's β = 0.02, T = 0.9, ±10 log-ratio clamp (`paper=False`: β = 0, T = 1, none).
+  rtpo_common.paper_settings(config, bool(arg.paper))
   config.env = "calculator"
   # 3-digit start, 1-2 digit operands, + − ×, values below 10^9: every call is one the tool
   # accepts, and the numbers are too long to multiply in a small model's head.

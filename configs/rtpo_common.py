@@ -157,6 +157,32 @@ def shrink_for_runlocal(config: ml_collections.ConfigDict) -> None:
   config.skip_zero_advantage = False
 
 
+# RTPO's training settings (arXiv 2608.18682, appendix D/E), shared by its baselines there.
+PAPER_BETA = 0.02  # "initial KL coefficient 0.02" (k3, verl's low_var_kl), to the starting policy
+PAPER_TEMPERATURE = 0.9  # train sampling temperature
+PAPER_MAX_LOG_RATIO = 10.0  # "log-prob clip range [−10, 10]" on log π_θ − log π_θold
+
+
+def paper_settings(config: ml_collections.ConfigDict, paper: bool = True) -> None:
+  """RTPO's β = 0.02, T = 0.9 and ±10 log-ratio clamp, for every method of the grid.
+
+  The paper trains RTPO and its GRPO baselines with the same settings, so the comparison here
+  uses them for all three (`paper=False`: this codebase's earlier defaults, β = 0, T = 1, no
+  clamp, which the first kv_lookup grid in docs/results.md used). The KL reference is the
+  policy RL starts from (the SFT cold start). With β > 0 a zero-advantage row still has a KL
+  gradient, so skipping zero-advantage boundaries would change the update: skipping is off.
+  Held-out sampled success is then measured at T = 0.9 too (`eval_sampled` samples at
+  `temperature`).
+  """
+  if not paper or config.method == SFT:
+    return
+  config.loss.max_log_ratio = PAPER_MAX_LOG_RATIO
+  config.temperature = PAPER_TEMPERATURE
+  config.loss.beta = PAPER_BETA
+  config.loss.kl_estimator = "k3"
+  config.skip_zero_advantage = False
+
+
 # The success-vs-horizon grid shared by configs/rtpo_*.py.
 HORIZONS = (2, 4, 6, 8)
 SEEDS = (0, 1, 2)

@@ -38,8 +38,10 @@ to 0.52 at K = 8 and its sampled success to half the cold start's; turn GRPO and
 ratio 1.000 and at the cold start's success.
 
 Variants (after the colon): `method=sft|flat_grpo|turn_grpo|rtpo`, `horizon=K`, `seed=<n>`,
-`model=<preset>` (default `tiny`), `steps=<n>`, `budget=<tokens>` (−1: the per-K default,
-0: none), `runlocal` (a few steps, for tests). Any field: `--config.continuation=off_policy`.
+`paper=0` (β = 0, T = 1 and no log-ratio clamp instead of the paper's 0.02, 0.9
+and ±10, as in the first grid), `model=<preset>` (default `tiny`), `steps=<n>`,
+`budget=<tokens>` (−1: the per-K default, 0: none), `runlocal` (a few steps, for tests).
+Any field: `--config.continuation=off_policy`.
 """
 
 from pathlib import Path
@@ -53,8 +55,10 @@ HORIZONS, SEEDS = rtpo_common.HORIZONS, rtpo_common.SEEDS
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, method="rtpo", horizon=4, seed=0, model="tiny", steps=0,
-                  budget=-1)
+                  budget=-1, paper=True)
   config = rtpo_common.base_config(arg)
+  # The paper's β = 0.02, T = 0.9, ±10 log-ratio clamp (`paper=False`: β = 0, T = 1, none).
+  rtpo_common.paper_settings(config, bool(arg.paper))
   config.env = "kv_lookup"
   # 16 keys (the chain and distractors that point to keys or numbers), 3-letter keys, 4-digit
   # values; the store is drawn from the env's own seed, the same for every run.

@@ -12,6 +12,7 @@ one core busy), each cell's runs in order, with every run's output in `<workdir>
 resumes from its checkpoint, so the script can be stopped and started again (a finished run
 only re-prints its summary).
 
+`--methods` may name `VARIANTS` too (`rtpo_offpolicy`: RTPO with off-policy continuations).
 `--summarize` reads every run's step-0 and final held-out evaluations (greedy `eval/success`,
 sampled `eval/sampled_success`), its generated tokens, wall clock and mean training/rollout
 probability ratio (`train/consistency_ratio`), and prints markdown tables (mean ± std over
@@ -36,12 +37,16 @@ from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("flat_grpo", "turn_grpo", "rtpo")
+# Grid entries that are a method with fixed flags: RTPO's off-policy-continuation ablation
+# (arXiv 2608.18682, §4), siblings sampled by θ_0 and weighted by the clamped ω̄.
+VARIANTS = {"rtpo_offpolicy": ("rtpo", ("--config.continuation=off_policy",))}
 
 _CONFIG = flags.DEFINE_string("config", "configs/rtpo_kv.py", "The env's rtpo config file.")
 _ROOT = flags.DEFINE_string("root", None, "Directory of the grid's workdirs.")
 _HORIZONS = flags.DEFINE_list("horizons", ["2", "4", "6", "8"], "Horizons K.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-_METHODS = flags.DEFINE_list("methods", list(METHODS), "RL methods.")
+_METHODS = flags.DEFINE_list("methods", list(METHODS), "RL methods, or variants: "
+                             f"{', '.join(VARIANTS)}.")
 _INIT_FROM = flags.DEFINE_string(
   "init_from", "", "Start every method from this checkpoint directory instead of an SFT run "
   "per (K, seed); '{seed}' is replaced by the seed (one shared cold start per seed).")
@@ -66,8 +71,10 @@ def commands(config: str, root: Path, horizons, seeds, methods, extra: str,
       base = root / f"k{k}" / f"s{seed}"
       start = init_from.format(seed=seed) if init_from else str(base / "sft")
       for method in methods if init_from else ("sft", *methods):
-        command = [*binary, f"--config={config}:method={method},horizon={k},seed={seed}",
-                   f"--workdir={base / method}"]
+        # A variant runs its method with its flags, in a workdir named after the variant.
+        name, flags_ = VARIANTS.get(method, (method, ()))
+        command = [*binary, f"--config={config}:method={name},horizon={k},seed={seed}",
+                   f"--workdir={base / method}", *flags_]
         if method != "sft":
           command.append(f"--config.init_from={start}")
         out.append(command + shlex.split(extra))
@@ -121,7 +128,7 @@ def summarize(root: Path) -> str:
   if not results:
     raise ValueError(f"no finished runs under {root}")
   horizons = sorted({k for k, _ in results})
-  methods = [m for m in ("sft", *METHODS) if any((k, m) in results for k in horizons)]
+  methods = [m for m in ("sft", *METHODS, *VARIANTS) if any((k, m) in results for k in horizons)]
   rl = [m for m in methods if m != "sft"]
   lines = ["Greedy success (mean ± std over seeds):", "",
            "| K | start | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
@@ -167,7 +174,7 @@ def summarize(root: Path) -> str:
 
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
   for ax, key, label in ((axes[0], "success", "held-out greedy success"),
-                         (axes[1], "sampled", "held-out sampled success (T = 1)")):
+                         (axes[1], "sampled", "held-out sampled success (train T)")):
     for m in methods:
       ks = [k for k in horizons if (k, m) in results]
       means = [_mean(results[(k, m)], key) for k in ks]

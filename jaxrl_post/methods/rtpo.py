@@ -15,7 +15,8 @@ in what is sampled, which tokens are trained and against which baseline (RTPO, a
               parameters and continue each on-policy to the end, A_j = R_j − mean_j R_j, one
               clipped-PPO phase on the siblings' turn-k tokens only; earlier boundaries then
               sample with parameters already updated on the later ones. Boundaries whose
-              siblings all score the same are skipped (their gradient is exactly 0).
+              siblings all score the same are skipped (at β = 0 their gradient is exactly
+              0); their siblings still count in the loss normalisers of the phase.
   sft         the cold start: teacher-forced NLL (`losses.nll_loss`) on the env's
               demonstrations, each turn a row `c_k | a_k` under the ψ the rollouts will use.
   ocsd        OCSD (arXiv 2608.04788): turn_grpo plus one dual-view re-scoring of every action
@@ -125,6 +126,10 @@ class MethodConfig:
       weighted by ω̄ = clamp(Π π_θ>k / π_θ0, ρ_min, ρ_max) over their continuation tokens).
     rho_min, rho_max: the clamp of ω̄ (not in the paper; defaults 0.5 and 2).
     skip_zero_advantage: skip RTPO boundaries (and GRPO steps) whose advantages are all 0.
+      Their siblings stay in the loss normalisers (`Learner.ppo`'s `skipped`), so with β = 0
+      the gradient is exactly the full batch's. With a KL term (β > 0) it is not: a
+      zero-advantage row still has a KL gradient, which skipping drops (the RTPO configs at
+      the paper's β = 0.02 therefore turn skipping off).
   """
 
   method: str
@@ -168,8 +173,8 @@ class Backend(Protocol):
 
   def score(self, params: Any, batch: TurnBatch) -> np.ndarray: ...
 
-  def ppo(self, state: TrainState, batch: TurnBatch, *, rng: np.random.Generator
-          ) -> tuple[TrainState, dict[str, float]]: ...
+  def ppo(self, state: TrainState, batch: TurnBatch, *, rng: np.random.Generator,
+          skipped: TurnBatch | None = None) -> tuple[TrainState, dict[str, float]]: ...
 
 
 def _bucket(n: int, smallest: int, largest: int | None = None) -> int:
@@ -377,14 +382,19 @@ class Learner:
     # The counted-token mask only sets the normalisers; the loss recomputes it on device.
     return self.put({k: v for k, v in rows.items() if k != "train_mask"})
 
-  def ppo(self, state: TrainState, batch: TurnBatch, *, rng: np.random.Generator
-          ) -> tuple[TrainState, dict[str, float]]:
+  def ppo(self, state: TrainState, batch: TurnBatch, *, rng: np.random.Generator,
+          skipped: TurnBatch | None = None) -> tuple[TrainState, dict[str, float]]:
     """One PPO phase: score θ_old, then `ppo_epochs` × `ppo_mini_batches` clipped updates.
 
     θ_old is the current parameters, scored on the recorded contexts (`old_logp`); the phase's
     consistency metric compares them with the rollout-time log-probs. The updates are
     `training.ppo.ppo_phase`'s: each mini-batch a shuffled subset of rows with its own
     normalisers over the loss's counted tokens (`train_mask`).
+
+    `skipped` holds rows of the same phase left out because their advantage is 0 (RTPO's
+    zero-advantage boundaries): they are neither scored nor updated on, but their counted
+    tokens stay in the normalisers, so the update equals the full batch's (where those rows
+    add exactly 0 at β = 0) instead of being scaled up by 1 / (1 − zero-advantage rate).
 
     Returns:
       The new state and the merged metrics of the updates (`ppo.merge_update_metrics`), plus
@@ -401,9 +411,13 @@ class Learner:
     if self.reference_params is not None and self.loss_kwargs.get("beta", 0.0):
       rows["ref_logp"] = self.score(self.reference_params, batch)
     rows["train_mask"] = self.train_mask(rows)
+    extra = {}
+    if skipped is not None and skipped.num_rows:
+      norm = losses.loss_normalizers(jnp.asarray(self.train_mask(_rows(skipped))))
+      extra = dict(extra_tokens=float(norm.num_tokens), extra_sequences=float(norm.num_sequences))
     state, updates = ppo.ppo_phase(self.ppo_step, state, rows, epochs=self.ppo_epochs,
                                    mini_batches=self.ppo_mini_batches, rng=rng,
-                                   put=self._put_update, mask_key="train_mask")
+                                   put=self._put_update, mask_key="train_mask", **extra)
     merged = ppo.merge_update_metrics(updates)
     merged.update({f"consistency_{k}": float(v) for k, v in check._asdict().items()})
     return state, merged
@@ -582,7 +596,14 @@ def rtpo_step(state: TrainState, backend: Backend, starts: Sequence[EnvState], *
                                        config)
         stats["weight_mean"] = float(np.mean(weight))
       batch = backend.turn_batch(turns, adv[rows], weight)
-      state, update = backend.ppo(state, batch, rng=shuffle)
+      # The loss normalises by the boundary's whole batch of siblings (arXiv 2608.18682,
+      # Eq. 6's 1/(G−1) per boundary): skipped siblings still count, so skipping them leaves
+      # the gradient unchanged rather than scaling it by 1 / (1 − zero-advantage rate).
+      dropped = np.flatnonzero(~keep)
+      skipped = (backend.turn_batch([siblings[r].turns[0] for r in dropped],
+                                    np.zeros(len(dropped), np.float32))
+                 if len(dropped) else None)
+      state, update = backend.ppo(state, batch, rng=shuffle, skipped=skipped)
       updates.append(update)
       stats.update({key: update[key] for key in ("loss", "consistency_ratio", "clip_frac_low",
                                                  "clip_frac_high") if key in update})

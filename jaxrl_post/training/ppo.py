@@ -22,14 +22,17 @@ import numpy as np
 from jaxrl_post import losses
 
 
-def with_normalizers(batch: Mapping[str, Any], mask_key: str = "completion_mask"
-                     ) -> dict[str, Any]:
+def with_normalizers(batch: Mapping[str, Any], mask_key: str = "completion_mask", *,
+                     extra_tokens: float = 0.0, extra_sequences: float = 0.0) -> dict[str, Any]:
   """Adds the whole batch's `num_tokens` / `num_sequences` (shared by its micro-batches).
 
-  `mask_key` names the `[rows, time]` mask of the tokens the loss counts.
+  `mask_key` names the `[rows, time]` mask of the tokens the loss counts. `extra_tokens` /
+  `extra_sequences` are counted on top: those of rows left out of `batch` because their loss is
+  exactly 0 (see `ppo_phase`), so that leaving them out does not rescale the gradient.
   """
   norm = losses.loss_normalizers(jnp.asarray(batch[mask_key]))
-  return dict(batch, num_tokens=norm.num_tokens, num_sequences=norm.num_sequences)
+  return dict(batch, num_tokens=norm.num_tokens + extra_tokens,
+              num_sequences=norm.num_sequences + extra_sequences)
 
 
 def trim_completions(batch: Mapping[str, Any], multiple: int) -> dict[str, Any]:
@@ -51,13 +54,16 @@ def trim_completions(batch: Mapping[str, Any], multiple: int) -> dict[str, Any]:
 
 def ppo_mini_batches(batch: Mapping[str, Any], num_mini_batches: int,
                      rng: np.random.Generator, *, mask_key: str = "completion_mask",
+                     extra_tokens: float = 0.0, extra_sequences: float = 0.0,
                      ) -> list[dict[str, Any]]:
   """Splits a rollout batch into `num_mini_batches` shuffled row subsets, one optimizer step each.
 
   Every array in `batch` has the rollout rows on axis 0. Each mini-batch gets
   its own `num_tokens` / `num_sequences` (it is a separate update), so a
   token-mean loss averages over that mini-batch's tokens, as in PPO. Rows keep
-  their original order inside a mini-batch.
+  their original order inside a mini-batch. `extra_tokens` / `extra_sequences` (the counts of
+  rows left out of `batch`, see `ppo_phase`) are shared equally by the mini-batches: each adds
+  1/`num_mini_batches` of them, its expected share had those rows been shuffled in.
 
   Raises:
     ValueError: naming `config.ppo_mini_batches` when it does not divide the rows.
@@ -69,16 +75,21 @@ def ppo_mini_batches(batch: Mapping[str, Any], num_mini_batches: int,
   if num_mini_batches == 1:
     # The whole batch, as it is: keys that are not per row (a per-prompt block, a scalar)
     # pass through; shuffling one mini-batch's rows would change nothing.
-    return [with_normalizers(dict(batch), mask_key)]
+    return [with_normalizers(dict(batch), mask_key, extra_tokens=extra_tokens,
+                             extra_sequences=extra_sequences)]
   order = rng.permutation(rows)
   size = rows // num_mini_batches
   chunks = [np.sort(order[i * size:(i + 1) * size]) for i in range(num_mini_batches)]
-  return [with_normalizers({k: v[idx] for k, v in batch.items()}, mask_key) for idx in chunks]
+  share = dict(extra_tokens=extra_tokens / num_mini_batches,
+               extra_sequences=extra_sequences / num_mini_batches)
+  return [with_normalizers({k: v[idx] for k, v in batch.items()}, mask_key, **share)
+          for idx in chunks]
 
 
 def ppo_phase(step_fn: Callable, state: Any, batch: Mapping[str, Any], *, epochs: int = 1,
               mini_batches: int = 1, rng: np.random.Generator,
               put: Callable[[Any], Any] | None = None, mask_key: str = "completion_mask",
+              extra_tokens: float = 0.0, extra_sequences: float = 0.0,
               ) -> tuple[Any, list[dict[str, Any]]]:
   """`epochs × mini_batches` updates of `step_fn` on one rollout batch.
 
@@ -93,6 +104,11 @@ def ppo_phase(step_fn: Callable, state: Any, batch: Mapping[str, Any], *, epochs
     put: places a mini-batch on devices (`parallel.mesh.put_batch` on the trainer's mesh);
       None leaves it to `jit`.
     mask_key: the mask of the counted tokens.
+    extra_tokens, extra_sequences: counted tokens / sequences of rows the caller left out of
+      `batch` because their loss and gradient are exactly 0 (RTPO's zero-advantage boundaries
+      at β = 0): the normalisers still count them, so the update is the full batch's, not
+      the kept rows' rescaled by 1 / (1 − zero-advantage rate). Exact with one mini-batch;
+      with M mini-batches each counts 1/M of them.
 
   Returns:
     The new state and each update's metrics, fetched to the host (`merge_update_metrics`
@@ -100,7 +116,9 @@ def ppo_phase(step_fn: Callable, state: Any, batch: Mapping[str, Any], *, epochs
   """
   updates = []
   for _ in range(epochs):
-    for mini_batch in ppo_mini_batches(batch, mini_batches, rng, mask_key=mask_key):
+    for mini_batch in ppo_mini_batches(batch, mini_batches, rng, mask_key=mask_key,
+                                       extra_tokens=extra_tokens,
+                                       extra_sequences=extra_sequences):
       state, metrics = step_fn(state, mini_batch if put is None else put(mini_batch))
       updates.append(jax.device_get(metrics))
   return state, updates

@@ -19,7 +19,7 @@ from jaxrl_post.sampling import multiturn
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {name: ROOT / "configs" / f"rtpo_{name}.py" for name in ("calculator", "kv")}
+CONFIGS = {name: ROOT / "configs" / f"rtpo_{name}.py" for name in ("calculator", "kv", "kv_fork")}
 
 
 def _load(path):
@@ -157,3 +157,21 @@ def test_rtpo_resume_gives_the_same_metrics(env, sft, rtpo_run, tmp_path):
     for key, value in a.items():
       if not key.startswith("time/"):
         assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_kv_fork_off_policy_runlocal_with_the_paper_settings(env, sft, tmp_path):
+  # The credit-assignment env with RTPO's off-policy-continuation ablation, at the paper's
+  # β = 0.02 (KL to the cold start, so reference log-probs are scored), T = 0.9 and ±10 clamp.
+  config = _load(CONFIGS["kv_fork"]).get_config("method=rtpo,horizon=2,runlocal")
+  assert (config.loss.beta, config.temperature, config.loss.max_log_ratio) == (0.02, 0.9, 10.0)
+  assert not config.skip_zero_advantage
+  _run(env, f"{CONFIGS['kv_fork']}:method=rtpo,horizon=2,runlocal", tmp_path,
+       f"--config.init_from={sft}", "--config.continuation=off_policy")
+  train = _train(tmp_path)
+  assert [r["step"] for r in train] == [1, 2]
+  for r in train:
+    assert r["train/num_updates"] >= 1 and r["boundary/k0/boundaries"] == 4
+    # Off-policy: every boundary's siblings carry the clamped weight ω̄ in [ρ_min, ρ_max].
+    weights = [v for k, v in r.items() if k.endswith("/weight_mean")]
+    assert weights and all(0.5 <= w <= 2.0 for w in weights)
+    assert r["train/kl"] >= 0.0

@@ -157,6 +157,60 @@ def test_turn_loss_micro_batches_add_up_with_global_normalisers():
   np.testing.assert_allclose(np.concatenate(grads), full_grad, atol=1e-7)
 
 
+def test_turn_loss_paper_log_ratio_clamp_and_kl():
+  # RTPO's settings (arXiv 2608.18682, appendix): log-ratio clamped to [−10, 10], β = 0.02 k3 KL.
+  # One turn-0 token with A = −1 and log r = 12: for A < 0 PPO takes max(r, clip r)·|A|, so the
+  # upper clip does not bind and the loss is r = e^12 unclamped, e^10 clamped (no gradient there).
+  logp, old = jnp.array([[12.0 - 1.0]]), jnp.array([[-1.0]])
+  adv, mask = jnp.array([-1.0]), jnp.ones((1, 1))
+
+  def loss_and_grad(**kw):
+    fn = lambda lp: rtpo.rtpo_turn_loss(lp, old, adv, mask, **kw)[0]
+    return jax.value_and_grad(fn)(logp)
+
+  value, grad = loss_and_grad()
+  np.testing.assert_allclose(value, np.exp(12.0), rtol=1e-5)
+  value, grad = loss_and_grad(max_log_ratio=10.0)
+  np.testing.assert_allclose(value, np.exp(10.0), rtol=1e-5)
+  assert float(grad[0, 0]) == 0.0
+  # Inside the band the clamp changes nothing: the golden loss of the batch above.
+  clamped, _, _ = _loss_and_grad(LOGP, OLD, ADV, MASK, TURN_IDS, jnp.int32(2), None)
+  value = rtpo.rtpo_turn_loss(LOGP, OLD, ADV, MASK, turn_ids=TURN_IDS, turn=2,
+                              max_log_ratio=10.0)[0]
+  np.testing.assert_allclose(value, clamped, rtol=1e-6)
+  # KL: + β·mean k3, k3 = e^(ref − logp) − (ref − logp) − 1 on the same turn-k tokens
+  # (seq-mean-token-mean). With ref = logp − 0.5 on every token: k3 = e^−0.5 + 0.5 − 1.
+  ref = LOGP - 0.5
+  k3 = np.exp(-0.5) + 0.5 - 1.0
+  value, aux = rtpo.rtpo_turn_loss(LOGP, OLD, ADV, MASK, turn_ids=TURN_IDS, turn=2,
+                                   ref_logp=ref, beta=0.02, kl_estimator="k3")
+  np.testing.assert_allclose(value, -1 / 6 + 0.02 * k3, rtol=1e-5)
+  np.testing.assert_allclose(aux.kl, k3, rtol=1e-5)
+
+
+def test_skipping_zero_advantage_rows_keeps_the_gradient_with_full_normalisers():
+  # Skipping zero-advantage siblings leaves the gradient unchanged only when the
+  # kept rows are normalised by the FULL batch's counts. Append two zero-advantage rows.
+  logp = jnp.concatenate([LOGP, LOGP[:2] - 0.3])
+  old = jnp.concatenate([OLD, OLD[:2]])
+  adv = jnp.concatenate([ADV, jnp.zeros(2)])
+  mask = jnp.concatenate([MASK, MASK[:2]])
+  turn_ids = jnp.concatenate([TURN_IDS, TURN_IDS[:2]])
+  norm = losses.loss_normalizers(rtpo.turn_token_mask(mask, turn_ids, 2))
+
+  def grad(rows, **kw):
+    fn = lambda lp: rtpo.rtpo_turn_loss(lp, old[rows], adv[rows], mask[rows],
+                                        turn_ids=turn_ids[rows], turn=2, **kw)[0]
+    return np.asarray(jax.grad(fn)(logp[rows]))
+
+  full = grad(np.arange(5))
+  np.testing.assert_array_equal(full[3:], 0.0)  # zero-advantage rows: exactly no gradient
+  kept = grad(np.arange(3), num_tokens=norm.num_tokens, num_sequences=norm.num_sequences)
+  np.testing.assert_allclose(kept, full[:3], atol=1e-7)
+  # Normalised by the kept rows only, the gradient is scaled by 5 / 3 = 1 / (1 − 2/5).
+  np.testing.assert_allclose(grad(np.arange(3)), full[:3] * 5 / 3, rtol=1e-5, atol=1e-7)
+
+
 def test_turn_loss_vmap_over_stacked_batches():
   # Two independent batches (the second with flipped advantages) in one vmapped call.
   fn = lambda lp, adv: rtpo.rtpo_turn_loss(lp, OLD, adv, MASK, turn_ids=TURN_IDS, turn=2)[0]

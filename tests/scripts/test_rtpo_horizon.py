@@ -41,6 +41,14 @@ def test_shared_cold_start_skips_sft_and_fills_in_the_seed(tmp_path):
   assert f"--workdir={tmp_path}/k8/s1/rtpo" in grid[3]
 
 
+def test_off_policy_variant_runs_rtpo_with_its_flag_in_its_own_workdir(tmp_path):
+  (command,) = SCRIPT.commands("configs/rtpo_kv.py", tmp_path, ["6"], ["2"], ["rtpo_offpolicy"],
+                               "", init_from="/ckpt")
+  assert "--config=configs/rtpo_kv.py:method=rtpo,horizon=6,seed=2" in command
+  assert f"--workdir={tmp_path}/k6/s2/rtpo_offpolicy" in command
+  assert "--config.continuation=off_policy" in command
+
+
 def test_summarize_tabulates_mean_and_std_over_seeds(tmp_path):
   def write(k, seed, method, success, tokens=1000, sampled=None, start=0.0):
     workdir = tmp_path / f"k{k}" / f"s{seed}" / method

@@ -5,6 +5,7 @@ import doctest
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -278,6 +279,45 @@ def test_ppo_phase_updates_without_recompiling(learner_and_state):
   assert any(jax.tree.leaves(changed))
 
 
+def test_skipped_zero_advantage_rows_keep_the_full_batch_gradient():
+  # RTPO skips siblings whose advantage is 0 (arXiv 2608.18682), which must not change the
+  # gradient. Under plain SGD an update is −lr·∇: the update on the kept rows, with the
+  # skipped rows still in the normalisers, must equal the update on the full batch, where the
+  # zero-advantage rows contribute exactly 0. Without them in the normalisers it is the full
+  # batch's scaled by num_sequences(full) / num_sequences(kept) = 1 / (1 − zero-adv rate).
+  model = CausalLM(get_model_config("tiny", vocab_size=TOK.vocab_size), rngs=nnx.Rngs(0))
+  sgd = optax.sgd(1e3)  # large steps, so params' float32 rounding does not hide the update
+  learner = rtpo.Learner(model, TOK, sgd, env=KV, context=identity(), loss="rtpo",
+                         max_turn_tokens=16, max_context_len=96, flat_len=128,
+                         bucket_widths=False)
+  state = create_train_state(model, sgd, jax.random.key(0))
+  psi = truncate(48, tokenizer=TOK, keep_prompt=True)
+  trajectories = _rollout(KV, [KV.initial_state(i) for i in range(2)], ScriptedPolicy(),
+                          context=psi, max_context_len=96)
+  turns = [t for traj in trajectories for t in traj.turns][:6]
+  adv = np.array([0.5, -0.5, 0.0, 0.0, 0.0, 0.0], np.float32)  # 4 of 6 rows: zero advantage
+  keep = adv != 0
+
+  def delta(batch, skipped=None):
+    new, _ = learner.ppo(jax.tree.map(jnp.copy, state), batch, rng=np.random.default_rng(0),
+                         skipped=skipped)
+    return jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new.params, state.params)
+
+  full = delta(learner.turn_batch(turns, adv))
+  kept_turns = [t for t, k in zip(turns, keep, strict=True) if k]
+  skipped_turns = [t for t, k in zip(turns, keep, strict=True) if not k]
+  kept = delta(learner.turn_batch(kept_turns, adv[keep]),
+               learner.turn_batch(skipped_turns, np.zeros(len(skipped_turns))))
+  rescaled = delta(learner.turn_batch(kept_turns, adv[keep]))  # the old, buggy normaliser
+  leaves = list(zip(jax.tree.leaves(full), jax.tree.leaves(kept), jax.tree.leaves(rescaled),
+                    strict=True))
+  scale = max(np.abs(f).max() for f, _, _ in leaves)
+  assert scale > 1e-3  # a real update
+  for f, k, r in leaves:
+    np.testing.assert_allclose(k, f, rtol=1e-3, atol=1e-4 * scale)
+    np.testing.assert_allclose(r, 3.0 * f, rtol=1e-3, atol=3e-4 * scale)  # 6 / 2 sequences
+
+
 # ---- the method steps ----
 
 
@@ -312,8 +352,8 @@ class FakeBackend:
   def score(self, params, batch):
     return batch.rollout_logp[:batch.num_rows] + 0.1 * params  # drifts with each update
 
-  def ppo(self, state, batch, *, rng):
-    self.log.append(("ppo", state.params, batch))
+  def ppo(self, state, batch, *, rng, skipped=None):
+    self.log.append(("ppo", state.params, batch, skipped))
     metrics = {"loss": 0.0, "num_updates": 1.0, "nonfinite_streak": 0.0, "skipped": 0.0}
     return FakeState(state.params + 1), metrics
 
@@ -354,6 +394,16 @@ def test_rtpo_sweeps_boundaries_last_to_first_with_updated_parameters():
     np.testing.assert_allclose(adv.sum(1), 0.0, atol=1e-6)
     assert np.all(np.abs(adv) == 0.5)  # binary rewards that differ: ±1/2
     assert np.all(batch.weight == 1.0)
+  # The skipped (zero-advantage) siblings of a trained boundary go to the PPO phase too, for
+  # its normalisers: kept + skipped = every sibling of the boundary (2 per trunk that reached k).
+  for entry in [e for e in backend.log if e[0] == "ppo"]:
+    k = int(entry[2].turn[0])
+    reached = sum(len(t.turns) > k for t in trunk[3])
+    skipped = entry[3]
+    assert entry[2].num_rows + (skipped.num_rows if skipped is not None else 0) == 2 * reached
+    if skipped is not None:
+      assert np.all(skipped.adv[:skipped.num_rows] == 0.0)
+      assert set(skipped.turn[:skipped.num_rows].tolist()) == {k}
   assert out.generated_tokens == sum(t.num_generated_tokens for e in rollouts for t in e[3])
 
 
@@ -394,7 +444,7 @@ def test_grpo_steps(method):
   out = rtpo.grpo_step(FakeState(0), backend, starts, config=_config(method),
                        rng=jax.random.key(1),
                        shuffle=np.random.default_rng(0))
-  ((_, _, batch),) = [e for e in backend.log if e[0] == "ppo"]
+  ((_, _, batch, _),) = [e for e in backend.log if e[0] == "ppo"]
   (rollout,) = [e for e in backend.log if e[0] == "rollout"]
   assert rollout[2] == [0] * 8  # G = 4 episodes per prompt
   trajectories = rollout[3]
