@@ -14,9 +14,16 @@ Commands (2 CPU cores):
   python experiments/mlref.py --config=configs/mlref_gymnax.py:proposer=llm \
       --workdir=/tmp/mlref_cartpole_llm
 
-Methods (`methods=` comma list): mlref (full method), monolithic (one whole reward function
-rewritten each iteration), no_pool (fresh pool per iteration), llm_weights_only (hybrid credit
-off: w_LLM = 1, γ = 0), env_reward (PPO on the environment's own reward, reference).
+Methods (`methods=` comma list): mlref (full method), monolithic (one whole reward function,
+each iteration an edit of the best one so far), no_pool (no persistent pool: each iteration an
+edit of the best reward's modules, credit reset), llm_weights_only (hybrid credit off:
+w_LLM = 1, γ = 0), env_reward (PPO on the environment's own reward, reference).
+`--config.baseline_memory=False`: the baselines draw a fresh reward every iteration instead
+(random restarts, the results before 2026-12-06).
+
+Final step (the paper's retrain of R* with 5 fresh seeds, Welch's t / Mann–Whitney U tests):
+
+  python scripts/mlref_retrain.py --config=configs/mlref_gymnax.py --workdir=/tmp/mlref_cartpole
 
 Variants: `runlocal`, `env=CartPole-v1|Pendulum-v1`, `proposer=offline|llm`, `iterations=<n>`,
 `pipelines=<n>`, `methods=<a;b>` (';'-separated here, since ',' separates variant args).
@@ -42,6 +49,14 @@ def get_config(arg=None):
   c.ppo_seeds = 2                 # PPO seeds averaged per candidate reward.
   c.score_window = 5              # S_v = mean fitness over the last updates.
   c.module_clip = 10.0            # |m_k| bound inside R.
+  # monolithic / no_pool edit the best reward so far with the proposer's edit operators (the
+  # same memory and feedback as MLREF); False: a fresh random reward every iteration (the
+  # results before 2026-12-06).
+  c.baseline_memory = True
+  # Final step (scripts/mlref_retrain.py): each pipeline's R* retrained with these PPO seeds,
+  # disjoint from the evolution's (1000 p + i), and the env reward with the same seeds.
+  c.retrain_seeds = 5
+  c.retrain_seed_base = 900_000
   c.fast_compile = False          # XLA -O0: half the compile time, slower runs (runlocal).
   # Typical (mean, std) of each feature from a random-action rollout, given to the proposer
   # (TaskInfo.feature_stats: scale-aware offline templates, listed in the LLM prompts).

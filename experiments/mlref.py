@@ -7,6 +7,11 @@ See configs/mlref_gymnax.py for the commands. Writes to --workdir:
   candidates.jsonl  one line per inner PPO run: score, per-seed scores, fitness curve
   summary.json      per method and iteration: mean and std over pipelines of best-so-far
   <method>/p<k>/module_pool.json   the resumable MLREF state of each pipeline
+
+The monolithic and no_pool baselines edit the best reward so far with the proposer's edit
+operators (`config.baseline_memory`, see `rl_control.adapter`). The final step, each
+pipeline's R* retrained with fresh seeds and tested against the env reward, is
+scripts/mlref_retrain.py on the same workdir.
 """
 
 import json
@@ -37,10 +42,14 @@ def make_proposer(config, method: str, seed: int):
     base = props.OfflineProposer(props.OfflineProposerConfig(seed=seed))
   else:
     raise ValueError(f"unknown proposer {config.proposer!r}")
+  # The baselines edit the best reward so far with the same operators (config.baseline_memory);
+  # False gives the earlier random restarts (a fresh reward every iteration, no feedback).
+  memory = bool(config.get("baseline_memory", True))
+  cap = int(config.evolution.max_pool_size)
   if method == "monolithic":
-    return adapter.MonolithicProposer(base)
+    return adapter.MonolithicProposer(base, memory=memory, max_terms=cap)
   if method == "no_pool":
-    return adapter.NoPoolProposer(base)
+    return adapter.NoPoolProposer(base, memory=memory, max_modules=cap)
   return base
 
 

@@ -33,8 +33,8 @@ _PLOT = flags.DEFINE_string("plot", None, "PNG path (default: <workdir>/mlref_fi
                             flag_values=FLAGS)
 
 ORDER = ("mlref", "monolithic", "no_pool", "llm_weights_only", "env_reward")
-LABELS = {"mlref": "MLREF (pool + hybrid credit)", "monolithic": "monolithic rewrite",
-          "no_pool": "no pool", "llm_weights_only": "LLM weights only",
+LABELS = {"mlref": "MLREF (pool + hybrid credit)", "monolithic": "monolithic (edits R*)",
+          "no_pool": "no pool (edits R*)", "llm_weights_only": "LLM weights only",
           "env_reward": "PPO on the env reward (reference)"}
 
 

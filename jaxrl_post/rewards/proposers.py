@@ -203,6 +203,14 @@ class LLMProposer:
                               contract=c, name=name, description=description, code=current)
     return prompts.extract_code(self._ask(prompt, temperature=self.config.temperature))
 
+  def modify_code(self, info: TaskInfo, reflection: str, *, name: str, description: str,
+                  code: str) -> str:
+    """The LLM's edit of one module's `code` (MODIFY prompt; the reflection carries feedback).
+
+    Used by the monolithic baseline to edit the whole best-so-far reward function.
+    """
+    return self._code(info, reflection, name=name, description=description, current=code)
+
   def init_pool(self, info: TaskInfo, reflection: str, *, iteration: int, variant: int,
                 num_variants: int) -> ImprovePlan:
     cfg = self.config

@@ -18,10 +18,18 @@ plus each feature's typical (mean, std) from a random-action rollout (`feature_s
 
 Baselines (the ablations of MLREF, arXiv 2608.18827, §5), as proposer wrappers:
 
-* `MonolithicProposer`: one module, the whole reward function, rewritten every iteration
-  (EUREKA-like; "No Pool" in the paper's ablation table).
-* `NoPoolProposer`: a fresh multi-module pool every iteration (nothing carried over), still
-  weighted by the hybrid credit within the round.
+* `MonolithicProposer`: one module, the whole reward function (EUREKA-like; "No Pool" in the
+  paper's ablation table). With `memory=True` (default) each iteration *edits* the best reward
+  so far R* with the base proposer's own edit operators (ADD / MODIFY / REWRITE / DELETE of a
+  term, same number of ops as MLREF's plans), so that it differs from MLREF only in what is
+  evolved: one fused function, no per-module credit, selection or pool.
+* `NoPoolProposer`: modules and hybrid credit within the round, but no persistent pool. With
+  `memory=True` each iteration edits R*'s selected modules (credit reset, unselected modules
+  and the merge union dropped); `memory=False` is the earlier fresh draw every iteration.
+
+`memory=False` (random restarts: a fresh reward every iteration, no feedback) is the behaviour
+of the results of 2026-12-03/05, kept for reproducing them (`baseline_memory=False` in
+configs/mlref_gymnax.py).
 * LLM-weights-only ("No Weight Opt.") needs no wrapper: `CreditConfig(w_llm=1, gamma=0)`.
 """
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 from typing import Callable
 
 import jax
@@ -96,26 +105,13 @@ def env_reward_baseline(task: ControlTask, config: ppo.PPOConfig, seeds, *,
           "performance": m["fitness"].mean(0)}
 
 
-def feature_statistics(task: ControlTask, rng, *, num_envs: int = 16, num_steps: int = 128,
-                       env_params=None) -> dict[str, tuple[float, float]]:
-  """Typical value and spread of each reward feature under uniformly random actions.
+def random_features(task: ControlTask, rng, *, num_envs: int = 16, num_steps: int = 128,
+                    env_params=None) -> dict[str, np.ndarray]:
+  """Reward features of a uniformly-random-action rollout: name → `[num_steps, num_envs, ...]`.
 
   Steps `num_envs` environments for `num_steps` steps as PPO does (`ppo.batched_env`, auto-reset,
   features of the terminal next state) with actions uniform over the action space (discrete:
-  each action equally likely; continuous: U[−action_scale, action_scale] per dimension). This is
-  the scale information a reader of the feature docs has ("theta is within ±0.21 rad"), measured
-  instead of read, for `TaskInfo.feature_stats`.
-
-  Args:
-    task: `ControlTask`.
-    rng: JAX PRNG key.
-    num_envs / num_steps: size of the rollout (num_envs · num_steps transitions).
-    env_params: gymnax parameters (default: `task.env_params`).
-
-  Returns:
-    feature name → (mean, std) over all transitions, as Python floats; for a vector feature
-    the mean over components of the per-component mean and std. Features with non-finite
-    statistics are left out.
+  each action equally likely; continuous: U[−action_scale, action_scale] per dimension).
   """
   env_params = task.env_params if env_params is None else env_params
   v_reset, v_step = ppo.batched_env(task)
@@ -141,7 +137,29 @@ def feature_statistics(task: ControlTask, rng, *, num_envs: int = 16, num_steps:
     _, feats = jax.lax.scan(step, (obs, env_state, rng), None, num_steps)
     return feats
 
-  feats = jax.device_get(jax.jit(rollout)(rng))
+  return {k: np.asarray(v) for k, v in jax.device_get(jax.jit(rollout)(rng)).items()}
+
+
+def feature_statistics(task: ControlTask, rng, *, num_envs: int = 16, num_steps: int = 128,
+                       env_params=None) -> dict[str, tuple[float, float]]:
+  """Typical value and spread of each reward feature under uniformly random actions.
+
+  The rollout is `random_features`. This is the scale information a reader of the feature docs
+  has ("theta is within ±0.21 rad"), measured instead of read, for `TaskInfo.feature_stats`.
+
+  Args:
+    task: `ControlTask`.
+    rng: JAX PRNG key.
+    num_envs / num_steps: size of the rollout (num_envs · num_steps transitions).
+    env_params: gymnax parameters (default: `task.env_params`).
+
+  Returns:
+    feature name → (mean, std) over all transitions, as Python floats; for a vector feature
+    the mean over components of the per-component mean and std. Features with non-finite
+    statistics are left out.
+  """
+  feats = random_features(task, rng, num_envs=num_envs, num_steps=num_steps,
+                          env_params=env_params)
   out = {}
   for name in task.feature_spec:
     x = np.asarray(feats[name], np.float64).reshape(num_steps * num_envs, -1)  # [N, d]
@@ -204,16 +222,87 @@ def combine_modules(codes, coefs, *, name: str = MONOLITHIC_NAME, doc: str = "")
   return "\n".join(src) + "\n"
 
 
-class MonolithicProposer:
-  """Whole-reward-function evolution (EUREKA-like): one module, rewritten every iteration.
+_TERM_RE = re.compile(r"([-+]?[0-9.]+(?:e[-+]?[0-9]+)?)\*([A-Za-z_][A-Za-z0-9_]*)")
 
-  Each proposal draws a fresh set of modules from `base.init_pool` and fuses them, with
-  `base.propose_weights` weights as coefficients, into a single module `reward`; iteration ≥ 2
-  REWRITEs it. There is nothing to select or credit, so the module always gets weight 1.
+
+def monolithic_description(names, coefs) -> str:
+  """"c1*name1 + c2*name2": the term list of a fused reward (its docstring and description)."""
+  return " + ".join(f"{float(c):.4g}*{n}" for n, c in zip(names, coefs))
+
+
+def split_monolithic(code: str, description: str = "") -> list[tuple[str, float, str]]:
+  """Inverse of `combine_modules`: the terms `(name, coef, module code)` of a fused reward.
+
+  The single return `c_0 * (e_0) + c_1 * (e_1) + ...` is split at the top-level `+`; each term
+  must be `constant * (expression)`. The locals `m{i}_...` that `combine_modules` prefixed are
+  given back to term i (prefix removed). Names come from `description` (the
+  `monolithic_description` format) when it lists as many terms, else `term{i}`.
+
+  Raises:
+    ValueError: the code is not in `combine_modules`' form (e.g. an LLM wrote it freely).
+  """
+  fn = ast.parse(code).body[0]
+  if not isinstance(fn, ast.FunctionDef) or not fn.body or not isinstance(fn.body[-1], ast.Return):
+    raise ValueError("not a single function ending in a return")
+  arg = fn.args.args[0].arg
+  terms, node = [], fn.body[-1].value
+  while isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+    terms.append(node.right)
+    node = node.left
+  terms.append(node)
+  terms.reverse()
+  parsed = []
+  for t in terms:
+    if not (isinstance(t, ast.BinOp) and isinstance(t.op, ast.Mult)
+            and isinstance(t.left, (ast.Constant, ast.UnaryOp))):
+      raise ValueError(f"term {ast.unparse(t)!r} is not 'constant * (expression)'")
+    coef = float(ast.literal_eval(t.left))
+    parsed.append((coef, t.right))
+  names = [m.group(2) for m in _TERM_RE.finditer(description)]
+  if len(names) != len(parsed) or len(set(names)) != len(names):
+    names = [f"term{i}" for i in range(len(parsed))]
+  assigns = [s for s in fn.body[:-1]
+             if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+  out = []
+  for i, (name, (coef, expr)) in enumerate(zip(names, parsed)):
+    prefix = f"m{i}_"
+    own = [s for s in assigns if isinstance(s, ast.Assign) and all(
+        isinstance(tg, ast.Name) and tg.id.startswith(prefix) for tg in s.targets)]
+    body = "".join(f"  {ast.unparse(s)}\n" for s in own) + f"  return {ast.unparse(expr)}\n"
+    body = re.sub(rf"\b{prefix}", "", body)  # combine_modules adds the prefix back.
+    out.append((name, coef, f"def {name}({arg}):\n{body}"))
+  return out
+
+
+def _accept_all(code):
+  del code
+  return True, "", ""
+
+
+class MonolithicProposer:
+  """Whole-reward-function evolution (EUREKA-like): one module `reward`, edited every iteration.
+
+  Iteration 1 (and any round without a best reward yet): a fresh set of `base.init_pool`
+  modules, fused with `base.propose_weights` weights as coefficients into the single module
+  `reward` = Σ_i c_i · body_i(f) (`combine_modules`).
+
+  Later iterations with `memory=True`: R* (the best reward so far, `state.best_reward`, which
+  holds feedback of every earlier round) is split back into its terms, and `base.improve_pool`
+  edits that term list exactly as it edits an MLREF pool (same operators, same number of ops,
+  same seeds per (iteration, variant)); its DELETE drops the term with the smallest coefficient
+  (the terms get `ema_llm = c_i`: a monolithic writer sees coefficients, not per-term credit).
+  Kept and edited terms keep c_i; an ADDed term gets the mean coefficient of the others. The
+  result is fused again and REWRITEs `reward`. With `memory=False` every iteration is a fresh
+  draw (random restarts), the pre-2026-12-06 behaviour.
+
+  There is nothing to select or credit, so `reward` always gets weight 1. A base proposer
+  without term-level edits (`LLMProposer`) edits the whole code via `modify_code`.
   """
 
-  def __init__(self, base: Proposer):
+  def __init__(self, base: Proposer, *, memory: bool = True, max_terms: int = 12):
     self.base = base
+    self.memory = memory
+    self.max_terms = max_terms
 
   def reflect(self, info: TaskInfo, state: mp.PoolState, *, iteration: int) -> str:
     return self.base.reflect(info, state, iteration=iteration)
@@ -230,8 +319,35 @@ class MonolithicProposer:
     if not any(coefs):
       coefs = [1.0 / max(len(ops), 1)] * len(ops)
     keep = [(o, c) for o, c in zip(ops, coefs) if c > 0]
-    desc = " + ".join(f"{c:.3g}*{o.name}" for o, c in keep)
+    desc = monolithic_description([o.name for o, _ in keep], [c for _, c in keep])
     return combine_modules([o.code for o, _ in keep], [c for _, c in keep], doc=desc), desc
+
+  def _edited(self, info, reflection, state, best, iteration, variant, num_variants):
+    """R*'s `reward` module edited by the base proposer; None if it cannot be split."""
+    try:
+      terms = split_monolithic(best.code, best.description)
+    except (ValueError, SyntaxError):
+      terms = None
+    if terms is None:
+      modify = getattr(self.base, "modify_code", None)
+      if modify is None:
+        return None
+      code = modify(info, reflection, name=MONOLITHIC_NAME, description=best.description,
+                    code=best.code)
+      return code, best.description
+    pool = mp.Pool(tuple(mp.ModuleSpec(name=n, description=n, code=c) for n, _, c in terms),
+                   {n: mp.ModuleStats(ema_llm=w) for n, w, _ in terms})
+    coef = {n: w for n, w, _ in terms}
+    plan = self.base.improve_pool(info, pool, reflection, state, iteration=iteration,
+                                  variant=variant, num_variants=num_variants)
+    edited, _, _ = mp.apply_plan(pool, plan, accept=_accept_all, iteration=iteration,
+                                 variant=variant, max_modules=self.max_terms)
+    if not len(edited):  # Everything deleted: keep R*.
+      edited = pool
+    mean = float(np.mean(list(coef.values()))) if coef else 1.0
+    coefs = [coef.get(n, mean) for n in edited.names]
+    desc = monolithic_description(edited.names, coefs)
+    return combine_modules([m.code for m in edited.modules], coefs, doc=desc), desc
 
   def init_pool(self, info, reflection, *, iteration, variant, num_variants) -> mp.ImprovePlan:
     code, desc = self._fused(info, reflection, iteration, variant, num_variants)
@@ -240,20 +356,46 @@ class MonolithicProposer:
 
   def improve_pool(self, info, pool, reflection, state, *, iteration, variant,
                    num_variants) -> mp.ImprovePlan:
-    code, desc = self._fused(info, reflection, iteration, variant, num_variants)
+    best = _best_modules(state)
+    out = None
+    if self.memory and best and MONOLITHIC_NAME in best:
+      out = self._edited(info, reflection, state, best[MONOLITHIC_NAME], iteration, variant,
+                         num_variants)
+    rationale = "edit the best reward so far"
+    if out is None:
+      out = self._fused(info, reflection, iteration, variant, num_variants)
+      rationale = "rewrite the whole reward"
+    code, desc = out
     op = "REWRITE" if MONOLITHIC_NAME in pool else "ADD"
-    return mp.ImprovePlan(rationale="rewrite the whole reward", ops=(
+    return mp.ImprovePlan(rationale=rationale, ops=(
         mp.PlanOp(op=op, name=MONOLITHIC_NAME, description=desc, code=code),))
 
   def propose_weights(self, info, pool, reflection, *, iteration, variant, k) -> dict:
     return {n: 1.0 for n in pool.names}
 
 
-class NoPoolProposer:
-  """A fresh pool per iteration: DELETE every module, then ADD a new `base.init_pool` draw."""
+def _best_modules(state: mp.PoolState | None) -> dict[str, mp.ModuleSpec]:
+  """R*'s selected modules by name (empty before the first finite score)."""
+  if state is None or not state.best_reward:
+    return {}
+  mods = [mp.ModuleSpec.from_json(m) for m in state.best_reward.get("modules", ())]
+  return {m.name: m for m in mods}
 
-  def __init__(self, base: Proposer):
+
+class NoPoolProposer:
+  """Modules and in-round credit, but no persistent pool.
+
+  `memory=True` (default): iteration ≥ 2 starts from R*'s selected modules only (fresh credit;
+  the pool's unselected modules, credit EMAs and merge union are dropped), with their R* weight
+  as the credit the base proposer's DELETE reads; `base.improve_pool` edits that set exactly as
+  it edits an MLREF pool. The plan DELETEs the global pool and ADDs the edited set.
+  `memory=False`: DELETE every module, then ADD a new `base.init_pool` draw (random restarts).
+  """
+
+  def __init__(self, base: Proposer, *, memory: bool = True, max_modules: int = 12):
     self.base = base
+    self.memory = memory
+    self.max_modules = max_modules
 
   def reflect(self, info, state, *, iteration):
     return self.base.reflect(info, state, iteration=iteration)
@@ -263,10 +405,27 @@ class NoPoolProposer:
                                num_variants=num_variants)
 
   def improve_pool(self, info, pool, reflection, state, *, iteration, variant, num_variants):
-    fresh = self.base.init_pool(info, reflection, iteration=iteration, variant=variant,
-                                num_variants=num_variants)
     deletes = tuple(mp.PlanOp(op="DELETE", name=n) for n in pool.names)
-    return mp.ImprovePlan(rationale="no pool: start over", ops=deletes + tuple(fresh.ops))
+    best = _best_modules(state) if self.memory else {}
+    if not best:
+      fresh = self.base.init_pool(info, reflection, iteration=iteration, variant=variant,
+                                  num_variants=num_variants)
+      return mp.ImprovePlan(rationale="no pool: start over", ops=deletes + tuple(fresh.ops))
+    weights = dict(zip((m["name"] for m in state.best_reward["modules"]),
+                       state.best_reward.get("weights", ())))
+    start = mp.Pool(tuple(mp.ModuleSpec(name=m.name, description=m.description, code=m.code)
+                          for m in best.values()),
+                    {n: mp.ModuleStats(ema_llm=float(weights.get(n, 0.0))) for n in best})
+    plan = self.base.improve_pool(info, start, reflection, state, iteration=iteration,
+                                  variant=variant, num_variants=num_variants)
+    edited, _, _ = mp.apply_plan(start, plan, accept=_accept_all, iteration=iteration,
+                                 variant=variant, max_modules=self.max_modules)
+    if not len(edited):
+      edited = start
+    adds = tuple(mp.PlanOp(op="ADD", name=m.name, description=m.description, code=m.code)
+                 for m in edited.modules)
+    return mp.ImprovePlan(rationale="no pool: edit the best reward so far",
+                          ops=deletes + adds)
 
   def propose_weights(self, info, pool, reflection, *, iteration, variant, k):
     return self.base.propose_weights(info, pool, reflection, iteration=iteration,
