@@ -4,8 +4,9 @@ The paper's three stages on synthetic tasks: arithmetic (≈ math: long worked a
 countdown with two numbers (≈ code) and format following (≈ IF: replies of a few characters,
 so it gets a tiny share of the gradient tokens, the imbalance the paper diagnoses). Model
 `small` (3.2M parameters, character tokenizer). The whole pipeline (mixed SFT, one GRPO teacher
-per domain, RouteRL / MixSFT references, the four methods × 3 seeds, RouteOPD students, table
-and plots) is one command, ≈ 90 min on 2 CPU cores (docs/results.md has the measured table):
+per domain, RouteRL / MixSFT references, the methods × 3 seeds, RouteOPD students, table and
+plots) is one command; with the paper's four rows it took ≈ 90 min on 2 idle CPU cores
+(JOBS=2), the two K = 4 controls add 6 runs of ≈ 6 min (docs/results.md has the measured table):
 
   JOBS=2 bash scripts/opd_reproduce.sh /tmp/mopd
 
@@ -29,13 +30,22 @@ domain `domain/<d>/{token_share, budget_share, mean_abs_reward, weight, stalenes
 clip_frac}`.
 
 Methods set `opd.{balance_shares, gap_alpha, refresh, inner_updates}` (see
-jaxrl_post/methods/opd.py `METHODS`); any of them can be overridden, e.g. the paper's matched
-control `method=naive --config.opd.inner_updates=4`.
+jaxrl_post/methods/opd.py `METHODS`); any of them can be overridden. The paper's two matched
+controls are methods of their own: `naive_k4` (naive M-OPD with K = 4 inner updates) and
+`share_gap_k4` (token-share + gap-following with K = 4), both without refresh, so the K
+updates reuse the rewards computed once at rollout time; with them Open-MOPD's row no longer
+mixes the effect of refresh with 4× more optimizer updates.
 
-Variants (after the colon): `method=naive|token_share|gap|open_mopd`, `root=<dir>`, `sft` (the
-mixed-SFT config for experiments/sft.py), `runlocal` (tiny model, a few steps, for tests),
-`model=<preset>`, `steps=<n>`, `only=<domain>` (a RouteOPD student: single-teacher OPD on that
-domain alone; RouteOPD's Total is the mean of the three students' own-domain accuracies).
+Sampling DEVIATION from the paper: rollouts use top-p 1.0 (`config.top_p`), the paper 0.99
+(with temperature 1.0 both). At 1.0 the rollouts are exact samples of the student π that the
+reward and the PPO ratio (full-vocabulary log-softmax on the top-K ids) model; 0.99 samples from
+a slightly truncated π. `--config.top_p=0.99` gives the paper's setting.
+
+Variants (after the colon): `method=naive|token_share|gap|naive_k4|share_gap_k4|open_mopd`,
+`root=<dir>`, `sft` (the mixed-SFT config for experiments/sft.py), `runlocal` (tiny model, a few
+steps, for tests), `model=<preset>`, `steps=<n>`, `only=<domain>` (a RouteOPD student:
+single-teacher OPD on that domain alone; RouteOPD's Total is the mean of the three students'
+own-domain accuracies).
 
 scripts/opd_reproduce.sh runs the whole pipeline (3 seeds, RouteOPD included) and
 scripts/opd_table.py makes the table and plots of docs/results.md.
@@ -55,7 +65,8 @@ from jaxrl_post.training import base_configs
 COMPONENTS = {**DEFAULT_COMPONENTS,
               "countdown": {**DEFAULT_COMPONENTS["countdown"], "knobs": {"num_numbers": 2}}}
 DOMAINS = tuple(sorted(COMPONENTS))
-METHOD_NAMES = ("naive", "token_share", "gap", "open_mopd")
+# In the order of the paper's ablation table (arXiv 2608.19098): K = 1 rows, then K = 4 rows.
+METHOD_NAMES = ("naive", "token_share", "gap", "naive_k4", "share_gap_k4", "open_mopd")
 # Prompts: countdown ≤ 90 characters, format ≤ 71, arithmetic ≤ 10. Answers: arithmetic
 # demonstrations ≤ 67 characters, countdown ≤ 48, format ≤ 24 (+ EOS).
 PROMPT_LEN = 96
@@ -113,7 +124,8 @@ def get_config(arg=None):
   c.samples_per_prompt = 1
   c.max_new_tokens = COMPLETION_LEN
   c.temperature = 1.0
-  # Sample from the full distribution the loss models (the paper uses top-p 0.99).
+  # DEVIATION from the paper (top-p 0.99): sample from the full distribution the loss models.
+  # docs/results.md's Open-MOPD tables were run at 1.0; `--config.top_p=0.99` is the paper's.
   c.top_p = 1.0
   c.topk = 16  # the student's top-K support per position (paper: 16)
 

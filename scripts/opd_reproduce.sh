@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The Open-MOPD miniature (arXiv 2608.19098) end to end: mixed SFT → one GRPO teacher per domain
-# → RouteRL / MixSFT references → the four methods × SEEDS → RouteOPD students → table and plots.
+# → RouteRL / MixSFT references → the methods × SEEDS → RouteOPD students → table and plots.
 #
 #   bash scripts/opd_reproduce.sh /tmp/mopd            # then: cat /tmp/mopd/table.md
 #
-# Knobs (environment): SEEDS (default "0 1 2"), STEPS (OPD steps per run, default 30),
+# Knobs (environment): SEEDS (default "0 1 2"), METHODS (default: the paper's ablation rows
+# "naive token_share gap naive_k4 share_gap_k4 open_mopd"; naive_k4 and share_gap_k4 are its
+# matched controls, K = 4 inner updates without refresh), ROUTE_OPD (1: train the RouteOPD
+# students after the first seed; 0: skip them), STEPS (OPD steps per run, default 30),
 # EVAL_EXAMPLES (held-out prompts per domain, default 128), SFT_STEPS (default 800),
 # TEACHER_STEPS (GRPO steps per teacher, default 30), JOBS (runs at once, default 1; `small`
 # keeps about one core busy, so JOBS=2 on 2 cores finishes sooner), FORMAT_SFT_STEPS (default 0;
@@ -15,6 +18,8 @@
 set -euo pipefail
 R=${1:?usage: scripts/opd_reproduce.sh <root dir>}
 SEEDS=${SEEDS:-"0 1 2"}
+METHODS=${METHODS:-"naive token_share gap naive_k4 share_gap_k4 open_mopd"}
+ROUTE_OPD=${ROUTE_OPD:-1}
 STEPS=${STEPS:-30}
 EVAL_EXAMPLES=${EVAL_EXAMPLES:-128}
 SFT_STEPS=${SFT_STEPS:-800}
@@ -81,11 +86,14 @@ route_opd() {
   done
 }
 
-# 5. The four methods, one lane per seed; RouteOPD is a lane of its own after the first seed.
+# 5. The methods, one lane per seed; RouteOPD is a lane of its own after the first seed.
 #    RouteRL is not re-evaluated: stage 3 has it.
 methods_of_seed() {
-  if [[ $1 == route_opd ]]; then route_opd; return; fi
-  for method in naive token_share gap open_mopd; do
+  if [[ $1 == route_opd ]]; then
+    if ((ROUTE_OPD)); then route_opd; fi
+    return 0
+  fi
+  for method in $METHODS; do
     stage "$R/$method/seed$1" python experiments/opd.py \
       --config=$CONFIG:root=$R,method=$method,steps=$STEPS --config.seed="$1" \
       --config.eval_examples="$EVAL_EXAMPLES" --config.eval_every=$((STEPS / 2)) \

@@ -33,8 +33,11 @@ _PLOTS = flags.DEFINE_string("plots", None, "directory for opd_domains.png, opd_
                              flag_values=FLAGS)
 
 DOMAINS = ("arith", "countdown", "format")
-METHODS = ("naive", "token_share", "gap", "open_mopd")
+# The paper's ablation order: K = 1 rows, then the K = 4 matched controls, then Open-MOPD.
+METHODS = ("naive", "token_share", "gap", "naive_k4", "share_gap_k4", "open_mopd")
 LABELS = {"naive": "naive M-OPD", "token_share": "+ token-share", "gap": "+ gap-following",
+          "naive_k4": "naive matched control (K = 4, no refresh)",
+          "share_gap_k4": "+ share + gap (K = 4, no refresh)",
           "open_mopd": "Open-MOPD (+ refresh, 4 inner updates)"}
 
 

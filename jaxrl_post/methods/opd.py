@@ -17,7 +17,12 @@ One step, in order (`OpenMOPD.step`):
 
 The rows of the paper's ablation are `METHODS` (`config.method`): naive M-OPD (uniform weights,
 one update), + token-share (M1), + gap-following (M2), full Open-MOPD (M1 + M2 + refresh,
-K = 4); `config.opd.<switch>` overrides one of them.
+K = 4), and the paper's two matched controls with the same K = 4 inner updates but no refresh:
+`naive_k4` (uniform weights) and `share_gap_k4` (M1 + M2). Without refresh the K updates reuse
+the rollout-time reward r = (q − s_old)·softmax_K(s_old), computed once per step; only the PPO
+ratio moves. So open_mopd − share_gap_k4 isolates refresh, share_gap_k4 − naive_k4 the
+weighting at K = 4, and naive_k4 − naive the extra updates. `config.opd.<switch>` overrides
+one switch of any of them.
 
 Teacher scoring shapes. Every row is scored by the teacher its domain label routes to (hard
 routing, no averaging). Scoring the whole batch with every teacher and selecting rows would cost
@@ -95,14 +100,22 @@ METHODS.add("token_share", Switches(balance_shares=True, gap_alpha=0.0, refresh=
 METHODS.add("gap", Switches(balance_shares=True, gap_alpha=1.0, refresh=False, inner_updates=1))
 METHODS.add("open_mopd", Switches(balance_shares=True, gap_alpha=1.0, refresh=True,
                                   inner_updates=4))
+# The paper's matched controls (its ablation's K = 4 rows without refresh): the same number of
+# optimizer updates per rollout batch as Open-MOPD, so that refresh is the only difference.
+METHODS.add("naive_k4", Switches(balance_shares=False, gap_alpha=0.0, refresh=False,
+                                 inner_updates=4))
+METHODS.add("share_gap_k4", Switches(balance_shares=True, gap_alpha=1.0, refresh=False,
+                                     inner_updates=4))
 
 
 def resolve_switches(name: str, **overrides: Any) -> Switches:
   """The registered method `name`, with any non-None `overrides` of its fields.
 
   Examples:
-    >>> resolve_switches("naive", inner_updates=4)  # the paper's "naive matched control"
+    >>> resolve_switches("naive", inner_updates=4)  # = METHODS "naive_k4", the matched control
     Switches(balance_shares=False, gap_alpha=0.0, refresh=False, inner_updates=4)
+    >>> resolve_switches("share_gap_k4")
+    Switches(balance_shares=True, gap_alpha=1.0, refresh=False, inner_updates=4)
 
   Raises:
     ValueError: for an unknown method (listing the valid ones) or field, or K < 1.

@@ -68,8 +68,13 @@ def test_methods_are_the_ablation_rows_and_overrides_apply():
   assert opd.resolve_switches("open_mopd") == opd.Switches(True, 1.0, True, 4)
   # The paper's "naive matched control": naive weights, K = 4; None keeps the method's value.
   control = opd.resolve_switches("naive", inner_updates=4, refresh=None)
-  assert control == opd.Switches(False, 0.0, False, 4)
-  with pytest.raises(ValueError, match="valid names: gap, naive, open_mopd, token_share"):
+  assert control == opd.Switches(False, 0.0, False, 4) == opd.resolve_switches("naive_k4")
+  # Its two K = 4 controls differ from Open-MOPD in the refresh only.
+  assert opd.resolve_switches("share_gap_k4") == opd.Switches(True, 1.0, False, 4)
+  assert opd.resolve_switches("open_mopd")._replace(refresh=False) == opd.resolve_switches(
+    "share_gap_k4")
+  with pytest.raises(ValueError, match="valid names: gap, naive, naive_k4, open_mopd, "
+                                       "share_gap_k4, token_share"):
     opd.resolve_switches("open-mopd")
   with pytest.raises(ValueError, match="inner_updates must be >= 1"):
     opd.resolve_switches("gap", inner_updates=0)
@@ -267,6 +272,46 @@ def test_inner_updates_refresh_each_update_and_micro_batches_match():
   assert merged["num_updates"] == 2 and merged["staleness_kl_last"] > 0
   for d in DOMAINS:
     assert {f"{d}/staleness_kl", f"{d}/clip_frac", f"{d}/update_mean_abs_reward"} <= set(merged)
+
+
+@pytest.mark.parametrize("method", ["naive_k4", "share_gap_k4", "open_mopd"])
+def test_k4_controls_reuse_rollout_rewards_open_mopd_refreshes_them(method):
+  """The matched controls take K = 4 updates on one rollout batch with the reward computed once.
+
+  As `OpenMOPD.start/step` wire it (loss `refresh=switches.refresh`, `ppo_phase` with
+  `mini_batches=switches.inner_updates`, one epoch): each row is in exactly one mini-batch, so
+  the rewards the K updates used, Σ_updates Σ m·|Σ_k r_used|, equal the rollout-time
+  Σ m·|Σ_k (q − s_old)·softmax_K(s_old)| iff nothing was refreshed, although the student moved
+  (staleness > 0 in updates 2..K). With refresh (Open-MOPD) updates 2..K use the current
+  student's part and the sum differs.
+  """
+  switches = opd.resolve_switches(method)
+  assert switches.inner_updates == 4
+  student, teacher = _model(seed=0), _model(seed=1)
+  graphdef = nnx.split(student)[0]
+  domain_ids = [0, 1, 2, 0, 1, 2, 0, 1]
+  batch = _opd_batch(student, teacher, domain_ids, weights=np.ones(8), normalizers=False)
+  mask = batch["completion_mask"]
+  rollout_reward = losses.topk_opd_reward(batch["old_topk_logp"], batch["teacher_topk_logp"],
+                                          mask)
+  per_row = np.asarray(jnp.sum(jnp.where(mask, jnp.abs(rollout_reward.sum(-1)), 0.0), -1))
+
+  optimizer = optax.sgd(0.5)
+  state = create_train_state(student, optimizer, jax.random.key(0))
+  step_fn = make_train_step(graphdef, opd.make_opd_loss(num_domains=3, refresh=switches.refresh),
+                            optimizer, shared=("num_tokens", "num_sequences"))
+  _, updates = ppo.ppo_phase(step_fn, state, batch, epochs=1,
+                             mini_batches=switches.inner_updates, rng=np.random.default_rng(0))
+  assert len(updates) == 4
+  # Update 1 runs at θ_old; the student moves, so updates 2..4 are off-policy either way.
+  assert float(updates[0]["staleness_kl"]) < 1e-6
+  assert all(float(u["staleness_kl"]) > 1e-6 for u in updates[1:])
+  used = np.sum([u["domain_abs_reward"] for u in updates], axis=0)  # [D]
+  want = np.bincount(domain_ids, weights=per_row, minlength=3)
+  if switches.refresh:
+    assert np.abs(used - want).max() > 1e-4 * want.max()
+  else:
+    np.testing.assert_allclose(used, want, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
