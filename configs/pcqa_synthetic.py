@@ -29,8 +29,10 @@ One run by hand (what the grid does):
 scripts/sweep.py cannot run this sweep: a run's start is another run's workdir, which it does
 not name; its `start` entries are read by scripts/pcqa_grid.py.
 
-Runtime (shared 2-core CPU machine, measured with the one-process grid before the one-loop port,
-which compiled each kernel once for all runs): 53 min for 3 seeds, ≈ 18 min per seed — base
+Runtime at 7 GRPO epochs (`rl_epochs=7`, 175 steps; the default is now the paper's 14, which
+doubles every GRPO, SFT and regression run) on the shared 2-core CPU machine, measured with the
+one-process grid before the one-loop port, which compiled each kernel once for all runs:
+53 min for 3 seeds, ≈ 18 min per seed — base
 75 s, SFT 1 min, regression 0.5 min, each GRPO run 4.5–5 min (≈ 1.5 s per step of 16 prompts ×
 4 rollouts; 4 evaluations of 480 greedy answers included); a run now also compiles its own
 kernels (tens of seconds). Expected metrics (3 seeds, docs/results.md): the regression baseline
@@ -39,12 +41,23 @@ collapse to one greedy score for every test cloud within 175 steps (correlation 
 counted 0) — the paper's ranking > regression result does NOT reproduce at this scale. From a
 capable start (`capable=1000`, below) GRPO no longer collapses but gains nothing, and with
 held-out RL prompts (`holdout=0.5`) it adds ≈ +0.03 OOD SRCC, less than SFT on the same clouds;
-regression stays ahead (docs/results.md). Killed and restarted, a run resumes from its last
+regression stays ahead (docs/results.md). On the non-monotone shift (`shift=non_monotone`)
+at 14 epochs, seed 0's GRPO from base is constant again (≈ 20 min per seed); from the capable,
+held-out start GRPO leaves OOD SRCC where it started (0.23 → 0.22) and regression stays ahead
+(0.39; 3 seeds, 43 min). Killed and restarted, a run resumes from its last
 checkpoint (every `checkpoint_every` steps); the grid skips runs with a `final.json`.
 
 Variants (after the colon): `method=<name>` (the run; default base), `runlocal` (tiny budget,
 1 seed, for tests), `source=<dataset>`, `seeds=<n>` and `methods=<a;b>` (';'-separated; the
-sweep's), `rl_steps=<n>`, `capable=<n>`, `rl_lr=<float>`, `holdout=<f>`.
+sweep's), `rl_epochs=<n>` (GRPO epochs over its prompts; default 14, the paper's: 350 steps,
+175 with `holdout=0.5`), `rl_steps=<n>` (> 0: GRPO steps, overrides the epochs),
+`capable=<n>`, `rl_lr=<float>`, `holdout=<f>`,
+`shift=<monotone|non_monotone>` (the targets: syn_b, syn_c, whose MOS is monotone in the
+source's hidden quality; or syn_d, syn_e, with distortion types / shapes unseen in the source
+and panels that are not monotone in it; jaxrl_post/tasks/point_clouds.py).
+
+  python scripts/pcqa_grid.py --workdir=/tmp/pcqa_nm \
+    "--config=configs/pcqa_synthetic.py:shift=non_monotone,methods=rank;rank_gauss;regression"
 
 `capable=<n>` (default 0: the chain above) tests the paper's premise that RL only *re-ranks* a
 backbone that already sees the views: per seed, a `capable` run after `base` (n SFT steps on the
@@ -82,7 +95,9 @@ OPTIMIZERS = {"base": "sft_optimizer", "capable": "sft_optimizer", "cold_start":
               "sft": "sft_optimizer", "rank": "rl_optimizer", "rank_gauss": "rl_optimizer",
               "full": "rl_optimizer", "regression": "regression_optimizer"}
 _ARGS = dict(runlocal=False, method="base", source="syn_a", seeds=3,
-             methods=";".join(METHOD_NAMES), rl_steps=175, capable=0, rl_lr=3e-4, holdout=0.0)
+             methods=";".join(METHOD_NAMES), rl_steps=0, rl_epochs=14, capable=0, rl_lr=3e-4,
+             holdout=0.0, shift="monotone")
+
 
 
 def _steps(c: ml_collections.ConfigDict, method: str):
@@ -104,7 +119,19 @@ def get_config(arg=None):
   c = base_configs.loop_config(seed=0)  # seed, init_from, resume, mesh, cadence defaults
   c.method = arg.method  # Every run but base has `init_from`: the workdir of the run it continues.
   c.source = arg.source
-  c.datasets = ",".join(point_clouds.dataset_names())
+  # The dataset shift the targets make (jaxrl_post/tasks/point_clouds.py): "monotone" (syn_b,
+  # syn_c: MOS a monotone function of the source's hidden quality, other scales / panels /
+  # mixes) or "non_monotone" (syn_d, syn_e: distortion types and shapes unseen in the source,
+  # panels whose MOS is not monotone in that quality).
+  c.shift = arg.shift
+  if c.shift not in point_clouds.DATASETS_BY_SHIFT:
+    raise ValueError(f"unknown shift={c.shift!r} in the config argument; valid: "
+                     f"{', '.join(point_clouds.DATASETS_BY_SHIFT)}")
+  if c.shift == "non_monotone" and c.source != "syn_a":
+    # syn_d / syn_e are "unseen" relative to syn_a's shapes and distortion types only.
+    raise ValueError(f"shift=non_monotone needs source=syn_a (got source={c.source!r}): its "
+                     "targets' shapes and distortion types are unseen relative to syn_a")
+  c.datasets = ",".join(point_clouds.DATASETS_BY_SHIFT[c.shift])
   c.train_size = 0  # 0: the dataset's own size (400).
   c.test_size = 0  # 0: the dataset's own size (160).
   c.num_points = 512
@@ -118,7 +145,18 @@ def get_config(arg=None):
   c.batch_size = 16  # Prompts per step in every stage (SFT rows, GRPO prompts, regression rows).
   c.base_steps = 300  # Format stage: random rationale words and scores.
   c.cold_start_steps = 25  # ≈ 1 epoch of the 400 source samples (the paper: 1 SFT epoch).
-  c.rl_steps = arg.rl_steps  # GRPO steps (the SFT-only and regression runs get cold + rl).
+  # GRPO epochs over GRPO's prompts: the paper's 14 (1 SFT epoch + 14 GRPO epochs, a 15-epoch
+  # budget); the results before issue 28 used 7 (175 steps over 400 clouds). rl_steps =
+  # ceil(epochs · pool / batch_size), the pool being the source train split (400: 350 steps)
+  # or, with capable + holdout, its held-out part that GRPO draws from (200: 175 steps).
+  # `rl_steps=<n>` > 0 overrides the epochs. The SFT-only and regression runs get cold + rl.
+  c.rl_epochs = arg.rl_epochs
+  if c.rl_epochs <= 0 and arg.rl_steps <= 0:
+    raise ValueError(f"rl_epochs={c.rl_epochs} must be > 0 (or set rl_steps=<n> > 0)")
+  pool = c.train_size or point_clouds.DATASETS.get(c.source).sizes["train"]
+  if arg.capable and arg.holdout:
+    pool = int(round(arg.holdout * pool))  # as methods.pcqa.holdout_pools splits it
+  c.rl_steps = arg.rl_steps if arg.rl_steps > 0 else -(-c.rl_epochs * pool // c.batch_size)
   # > 0: a "capable" SFT run of this many steps after base, the LM methods' start point
   # (module docstring); the regression baseline then trains capable + cold + rl steps from base.
   c.capable_steps = arg.capable

@@ -10,7 +10,11 @@ scripts/pcqa_grid.py and scripts/pcqa_reeval.py) make the table.
 Writes `<out>_table.md` (PLCC / SRCC per dataset, OOD and overall averages, mean ± std over
 seeds; with a `capable=<n>` workdir its first row is the `capable` stage, the RL runs' start),
 `<out>_bars.png` (ID vs OOD-average SRCC and PLCC per method) and `<out>_curves.png`
-(OOD-average SRCC during training, and the GRPO rewards), and prints the table.
+(OOD-average SRCC during training, and the GRPO rewards), and prints the table. With
+`--reference`, the table ends with a row scoring the source's hidden quality q itself
+(`hidden_quality_row`): what a model that learned the source panel perfectly would get on each
+target; on the non-monotone shift (`shift=non_monotone`) it is the ceiling of "learn the source
+well", and a method above it on a target has learned something the source's q does not say.
 """
 
 import json
@@ -27,6 +31,8 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from jaxrl_post import script_flags  # noqa: E402
+from jaxrl_post.rewards.quality_metrics import quality_metrics  # noqa: E402
+from jaxrl_post.tasks import point_clouds  # noqa: E402
 from jaxrl_post.training.metrics import read_metrics  # noqa: E402
 
 FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
@@ -34,6 +40,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "the grid's workdir (scripts/pcq
                                flag_values=FLAGS, required=True)
 _OUT = flags.DEFINE_string("out", None, "path prefix of the outputs", flag_values=FLAGS,
                            required=True)
+_REFERENCE = flags.DEFINE_bool("reference", False, "append the source's hidden q as a row",
+                               flag_values=FLAGS)
 
 # "capable": the shared SFT stage the LM methods start from with `capable=<n>` (a row only when
 # the workdir has it; `aggregate_runs` skips names without a final.json).
@@ -96,6 +104,27 @@ def aggregate_runs(workdir, methods: Sequence[str], datasets: Sequence[str], *,
   return table
 
 
+def hidden_quality_row(datasets: Sequence[str], *, source: str, test_size: int = 0,
+                       num_points: int = 512) -> dict[str, Any]:
+  """PLCC / SRCC of the hidden quality q (the source panel's rule) against each test MOS.
+
+  The samples are those the runs evaluate (`point_clouds.make_sample` of the test split with
+  the run's `num_points`; `test_size` 0: the dataset's size); q is deterministic, so the
+  "std over seeds" is 0. Same keys as an `aggregate_runs` row (avg / ood_avg included).
+  """
+  row: dict[str, Any] = {"num_seeds": 1}
+  for d in datasets:
+    size = test_size or point_clouds.DATASETS.get(d).sizes["test"]
+    samples = [point_clouds.make_sample(d, "test", i, num_points=num_points)
+               for i in range(size)]
+    m = quality_metrics([s.mos for s in samples], [s.quality for s in samples])
+    row[f"{d}/plcc"], row[f"{d}/srcc"] = [float(m.plcc), 0.0], [float(m.srcc), 0.0]
+  for name, chosen in (("avg", datasets), ("ood_avg", [d for d in datasets if d != source])):
+    for metric in ("plcc", "srcc"):
+      row[f"{name}/{metric}"] = [float(np.mean([row[f"{d}/{metric}"][0] for d in chosen])), 0.0]
+  return row
+
+
 def format_table(table: Mapping[str, Mapping[str, Any]], datasets: Sequence[str], *,
                  source: str) -> str:
   """A markdown table: PLCC / SRCC per dataset (mean ± std over seeds), OOD average."""
@@ -131,6 +160,11 @@ def main(argv: list[str]) -> None:
   datasets, source = config["datasets"].split(","), config["source"]
   table = aggregate_runs(workdir, METHODS, datasets, source=source)
   text = format_table(table, datasets, source=source)
+  if _REFERENCE.value:
+    reference = {"source's hidden q (reference)": hidden_quality_row(
+      datasets, source=source, test_size=config.get("test_size", 0),
+      num_points=config.get("num_points", 512))}
+    text += "\n" + format_table(reference, datasets, source=source).splitlines()[-1]
   Path(f"{out}_table.md").write_text(text + "\n")
   print(text)
   for method, row in table.items():

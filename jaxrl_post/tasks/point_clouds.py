@@ -21,6 +21,23 @@ in miniature, deterministically from a seed:
   classes:  MOS = lo + (hi − lo)·clip(h(q) + N(0, τ²), 0, 1).
   Training normalises a dataset's MOS to [0, 1] with its nominal range, as the paper does
   (`normalized_mos`); the ranking reward only reads the order, so it needs no normalisation.
+  In syn_a/b/c the MOS is a monotone function of q (plus rater noise), so a model that ranks
+  by q ranks every target too: SRCC, and PLCC after the 4-parameter logistic, absorb the shift.
+* The non-monotone shift (`SHIFT_DATASETS`, `DATASETS_BY_SHIFT`): two target studies whose
+  panels do NOT rank by q. Each has its own perceived quality q_p = exp(−I_p) from its own
+  impairment rule (`DatasetSpec.panel`), and MOS = lo + (hi − lo)·clip(h(q_p) + N(0, τ²), 0, 1):
+    syn_d: distortion types absent from the source (`SHIFT_DISTORTIONS`: outliers, colour
+      shift) next to geometric and colour noise, and all five shapes; its panel weighs the
+      distortions differently from q (outliers and colour noise much worse, a colour cast and
+      geometric noise milder), so the order *across* distortion types differs from q's.
+    syn_e: only the shapes absent from the source (cylinder, cone); quantisation with a
+      non-monotone panel response (a tent over the severity: level 3 is rated worst, a coarse
+      level-5 voxel grid is read as a deliberate style and rated near clean), downsampling only
+      noticed below ≈ 40 % kept points, geometric noise as in q.
+  q itself stays defined for the new distortion types (a training-style (w, γ) each, below), so
+  `Sample.quality` is "the hidden quality of the source's panel" everywhere and the rank
+  correlation of MOS with it measures how far a target departs from the source's notion of
+  quality (tests/tasks/test_point_clouds.py checks it: ≈ 1 for syn_a/b/c, low for syn_d/e).
 * Rendering (`render_views`): the models see a fixed "rendering protocol" shared by all
   datasets, as in the paper (six canonical views). Here: three orthographic projections along
   x, y, z onto a `grid × grid` raster; each cell holds order-free statistics of the points that
@@ -44,6 +61,9 @@ from jaxrl_post.registry import Registry
 
 SHAPES = ("sphere", "cube", "torus", "cylinder", "cone")
 DISTORTIONS = ("noise", "downsample", "quantize", "colour_noise")
+# Distortion types that only the non-monotone shift's targets contain (never in a source split):
+# a share of the points replaced by uniform outliers in [−1, 1]³, and a global colour cast.
+SHIFT_DISTORTIONS = ("outliers", "colour_shift")
 NUM_SEVERITIES = 5
 # Nominal strengths of severities 1…5: noise std (object units, the object fits in [−1, 1]³),
 # kept fraction of points, quantisation step, colour noise std (colours in [0, 1]).
@@ -52,16 +72,21 @@ SEVERITY_STRENGTH = {
   "downsample": (0.7, 0.5, 0.3, 0.2, 0.1),
   "quantize": (0.05, 0.1, 0.15, 0.2, 0.3),
   "colour_noise": (0.03, 0.06, 0.1, 0.15, 0.2),
+  "outliers": (0.02, 0.05, 0.1, 0.15, 0.25),  # share of points replaced
+  "colour_shift": (0.05, 0.1, 0.2, 0.3, 0.4),  # length of the RGB offset
 }
 # Words the templated rationales use for each distortion and severity (0 = clean).
 DISTORTION_WORDS = {"noise": "noisy surface", "downsample": "sparse points",
-                    "quantize": "blocky steps", "colour_noise": "colour speckle"}
+                    "quantize": "blocky steps", "colour_noise": "colour speckle",
+                    "outliers": "stray points", "colour_shift": "colour cast"}
 SEVERITY_WORDS = ("clean", "slight", "mild", "clear", "strong", "severe")
 
 # The hidden quality function: impairment weight w_d and exponent γ_d per distortion, masking
 # factor per shape. Chosen so each distortion spans roughly q ∈ [0.95, 0.1] over its levels.
 _IMPAIRMENT = {"noise": (2.2, 0.8), "downsample": (1.8, 1.3), "quantize": (2.0, 1.0),
-               "colour_noise": (1.4, 0.7)}
+               "colour_noise": (1.4, 0.7),
+               # The unseen types under the source's rule (what q says of them).
+               "outliers": (1.0, 1.0), "colour_shift": (2.2, 1.0)}
 _SHAPE_MASKING = {"sphere": 1.0, "cube": 1.15, "torus": 0.85, "cylinder": 1.05, "cone": 0.95}
 
 CHANNELS = ("density", "depth_mean", "depth_std", "red", "green", "blue", "colour_std")
@@ -83,6 +108,9 @@ class DatasetSpec:
     rater_noise: τ, std of the MOS noise in normalised units.
     sizes: `{split: number of samples}`.
     seed: base seed of the dataset.
+    panel: the panel's perceived quality q_p = panel(shape, distortion, strength) (clean
+      references get 1); None: q_p = q, the hidden quality (`hidden_quality`). The MOS
+      follows h(q_p).
   """
 
   name: str
@@ -94,6 +122,7 @@ class DatasetSpec:
   rater_noise: float
   sizes: dict[str, int]
   seed: int
+  panel: Callable[[str, str, float], float] | None = None
 
 
 DATASETS: Registry = Registry("point-cloud dataset")
@@ -121,6 +150,59 @@ _add_dataset(DatasetSpec(
   sizes={"train": 400, "test": 160}, seed=303))
 
 
+def _severity_fraction(distortion: str, strength: float) -> float:
+  """x = a / a_max,d (downsampling: the dropped share (1 − a)/(1 − a_min)); 1 at level 5."""
+  levels = SEVERITY_STRENGTH[distortion]
+  if distortion == "downsample":
+    return max((1.0 - strength) / (1.0 - levels[-1]), 0.0)
+  return max(strength / levels[-1], 0.0)
+
+
+def _panel_d(shape: str, distortion: str, strength: float) -> float:
+  """syn_d's panel: q_p = exp(−w_p·x^γ_p·c_shape) with its own (w_p, γ_p) per distortion."""
+  weight, gamma = {"noise": (1.4, 0.8), "colour_noise": (2.8, 0.7), "outliers": (3.0, 0.5),
+                   "colour_shift": (0.5, 1.0)}[distortion]
+  x = _severity_fraction(distortion, strength)
+  return float(np.exp(-weight * x ** gamma * _SHAPE_MASKING[shape]))
+
+
+def _panel_e(shape: str, distortion: str, strength: float) -> float:
+  """syn_e's panel: q_p = exp(−w_d·τ_d(x)·c_shape), with a tent for quantisation
+  (τ = 1 − |2x − 1|: level 3 worst, level 5 near clean), a threshold for downsampling
+  (τ = max(0, (x − 0.6)/0.4)^1.3: unnoticed until ≈ 40 % of the points remain) and q's own
+  rule for noise (τ = x^0.8)."""
+  weight = _IMPAIRMENT[distortion][0]
+  x = _severity_fraction(distortion, strength)
+  if distortion == "quantize":
+    tau = max(1.0 - abs(2.0 * x - 1.0), 0.0)
+  elif distortion == "downsample":
+    tau = max(0.0, (x - 0.6) / 0.4) ** 1.3
+  elif distortion == "noise":
+    tau = x ** _IMPAIRMENT["noise"][1]
+  else:
+    raise ValueError(f"syn_e's panel has no rule for {distortion!r}")
+  return float(np.exp(-weight * tau * _SHAPE_MASKING[shape]))
+
+
+# The non-monotone shift's targets (module docstring): registered, but only in the dataset list
+# of `shift="non_monotone"` (`DATASETS_BY_SHIFT`).
+_add_dataset(DatasetSpec(
+  name="syn_d", mos_range=(0.0, 10.0), shapes=SHAPES,
+  distortion_weights={"noise": 1.0, "colour_noise": 1.0, "outliers": 1.5, "colour_shift": 1.5},
+  clean_fraction=0.05, curve=lambda q: q, rater_noise=0.04,
+  sizes={"train": 400, "test": 160}, seed=404, panel=_panel_d))
+_add_dataset(DatasetSpec(
+  name="syn_e", mos_range=(0.0, 100.0), shapes=("cylinder", "cone"),
+  distortion_weights={"quantize": 2.0, "downsample": 1.0, "noise": 1.0},
+  clean_fraction=0.05, curve=lambda q: q, rater_noise=0.04,
+  sizes={"train": 400, "test": 160}, seed=505, panel=_panel_e))
+
+SHIFT_DATASETS = ("syn_d", "syn_e")
+# The datasets a run trains on / evaluates (source first) for each `config.shift`.
+DATASETS_BY_SHIFT = {"monotone": ("syn_a", "syn_b", "syn_c"),
+                     "non_monotone": ("syn_a", *SHIFT_DATASETS)}
+
+
 class PointCloud(NamedTuple):
   """One coloured point cloud."""
 
@@ -133,11 +215,12 @@ class Sample(NamedTuple):
 
   cloud: PointCloud
   shape: str
-  distortion: str  # One of DISTORTIONS, or "none" for a clean reference.
+  distortion: str  # One of DISTORTIONS (+ SHIFT_DISTORTIONS in syn_d), or "none" (clean).
   severity: int  # 0 (clean) … 5.
   strength: float  # The distortion's continuous parameter (0 for clean).
-  quality: float  # Hidden q ∈ (0, 1].
+  quality: float  # Hidden q ∈ (0, 1] (the source panel's rule, `hidden_quality`).
   mos: float  # On the dataset's `mos_range`.
+  panel_quality: float = float("nan")  # q_p the MOS follows (= quality unless `spec.panel`).
 
 
 def _surface(shape: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -217,8 +300,17 @@ def distort(cloud: PointCloud, distortion: str, strength: float,
     xyz = np.round(xyz / strength) * strength
   elif distortion == "colour_noise":
     rgb = np.clip(rgb + rng.normal(0, strength, rgb.shape), 0, 1)
+  elif distortion == "outliers":
+    # A share `strength` of the points (at least one) moves to uniform positions in the box.
+    moved = rng.choice(n, max(int(round(strength * n)), 1), replace=False)
+    xyz[moved] = rng.uniform(-1.0, 1.0, (len(moved), 3))
+  elif distortion == "colour_shift":
+    # One global cast: every colour moves by `strength` along a random RGB direction.
+    direction = rng.normal(size=3)
+    rgb = np.clip(rgb + strength * direction / np.linalg.norm(direction), 0, 1)
   else:
-    raise ValueError(f"unknown distortion {distortion!r}; valid: none, {', '.join(DISTORTIONS)}")
+    raise ValueError(f"unknown distortion {distortion!r}; valid: none, "
+                     f"{', '.join(DISTORTIONS + SHIFT_DISTORTIONS)}")
   return PointCloud(xyz.astype(np.float32), rgb.astype(np.float32))
 
 
@@ -237,12 +329,8 @@ def hidden_quality(shape: str, distortion: str, strength: float) -> float:
   if distortion == "none":
     return 1.0
   weight, gamma = _IMPAIRMENT[distortion]
-  levels = SEVERITY_STRENGTH[distortion]
-  if distortion == "downsample":
-    x = (1.0 - strength) / (1.0 - levels[-1])
-  else:
-    x = strength / levels[-1]
-  return float(np.exp(-weight * max(x, 0.0) ** gamma * _SHAPE_MASKING[shape]))
+  x = _severity_fraction(distortion, strength)
+  return float(np.exp(-weight * x ** gamma * _SHAPE_MASKING[shape]))
 
 
 def _split_id(split: str) -> int:
@@ -271,9 +359,12 @@ def make_sample(dataset: str | DatasetSpec, split: str, index: int, *,
       strength = min(strength, 1.0)
   cloud = distort(cloud, distortion, strength, rng)
   q = hidden_quality(shape, distortion, strength)
+  # The panel's own quality (the non-monotone shift), else the hidden q.
+  q_p = (1.0 if distortion == "none" else spec.panel(shape, distortion, strength)
+         ) if spec.panel is not None else q
   lo, hi = spec.mos_range
-  norm = float(np.clip(spec.curve(np.float64(q)) + rng.normal(0, spec.rater_noise), 0.0, 1.0))
-  return Sample(cloud, shape, distortion, severity, strength, q, lo + (hi - lo) * norm)
+  norm = float(np.clip(spec.curve(np.float64(q_p)) + rng.normal(0, spec.rater_noise), 0.0, 1.0))
+  return Sample(cloud, shape, distortion, severity, strength, q, lo + (hi - lo) * norm, q_p)
 
 
 def normalized_mos(mos: np.ndarray | float, dataset: str | DatasetSpec) -> np.ndarray:
@@ -337,6 +428,7 @@ class DatasetArrays(NamedTuple):
   shape: list[str]
   distortion: list[str]
   severity: np.ndarray  # [n] int.
+  panel_quality: np.ndarray  # [n] q_p the MOS follows (= quality unless the panel differs).
 
 
 def load_split(dataset: str, split: str, *, size: int | None = None, num_points: int = 512,
@@ -351,6 +443,7 @@ def load_split(dataset: str, split: str, *, size: int | None = None, num_points:
   mos = np.asarray([s.mos for s in samples], np.float64)
   return DatasetArrays(views=views, mos=mos, mos01=normalized_mos(mos, spec),
                        quality=np.asarray([s.quality for s in samples], np.float64),
+                       panel_quality=np.asarray([s.panel_quality for s in samples], np.float64),
                        shape=[s.shape for s in samples],
                        distortion=[s.distortion for s in samples],
                        severity=np.asarray([s.severity for s in samples], np.int64))

@@ -39,11 +39,20 @@ def test_config_variants_sweep_order_and_errors():
   assert (config.grpo.num_samples, config.grpo.epsilon, config.grpo.beta) == (4, 0.2, 0.04)
   assert (config.grpo.sigma, config.grpo.gaussian_units) == (0.5, "score")
   rank = module.get_config("method=rank")
-  assert (rank.steps, rank.optimizer.lr, rank.eval_every) == (175, 3e-4, 50)
+  # The paper's 14 GRPO epochs of 25 steps (400 source clouds / 16 prompts per step).
+  assert (rank.rl_epochs, rank.steps, rank.optimizer.lr, rank.eval_every) == (14, 350, 3e-4, 50)
   rank.rl_steps = 10  # what --config.rl_steps=10 does: the run's length follows
   assert rank.steps == 10
-  assert module.get_config("method=sft").steps == 200
-  assert module.get_config("method=regression,capable=2").steps == 202
+  assert module.get_config("method=rank,rl_epochs=7").steps == 175  # before issue 28
+  assert module.get_config("method=rank,rl_steps=30,rl_epochs=7").steps == 30
+  # With held-out RL prompts an epoch is a pass over GRPO's 200 held-out clouds: 14 · 200 / 16.
+  assert module.get_config("method=rank,capable=1000,holdout=0.5").steps == 175
+  assert module.get_config("method=regression,capable=1000,holdout=0.5").steps == 1200
+  assert module.get_config("method=sft").steps == 375  # cold start + GRPO: 15 epochs
+  assert module.get_config("method=regression,capable=2").steps == 377
+  # The dataset shift picks the targets; the source stays first.
+  assert config.shift == "monotone" and config.datasets == "syn_a,syn_b,syn_c"
+  assert module.get_config("shift=non_monotone").datasets == "syn_a,syn_d,syn_e"
   assert module.get_config("method=regression").optimizer.lr == 1e-3
   assert module.get_config("method=cold_start").eval_every == 0  # evaluated at its end only
   capable = module.get_config("runlocal,capable=2,rl_lr=3e-5,method=capable")
@@ -52,6 +61,9 @@ def test_config_variants_sweep_order_and_errors():
                        ("holdout=1.0", r"holdout=1.0 must be in \[0, 1\)"),
                        ("method=grpo", "unknown method 'grpo'"),
                        ("method=capable", "method=capable needs capable=<n> > 0"),
+                       ("shift=reversed", "unknown shift='reversed'.*non_monotone"),
+                       ("shift=non_monotone,source=syn_b", "shift=non_monotone needs source=syn_a"),
+                       ("rl_epochs=0", "rl_epochs=0 must be > 0"),
                        ("sigma=1", "unknown config arg 'sigma'")):
     with pytest.raises(ValueError, match=message):
       module.get_config(arg)

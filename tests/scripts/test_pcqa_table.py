@@ -67,3 +67,30 @@ def test_flags_are_required_and_positionals_refused(tmp_path):
                                            f"--out={tmp_path / 'x'}", "stray"])
   with pytest.raises(app.UsageError, match="stray"):
     script.main(argv)
+
+
+def test_hidden_quality_reference_row_scores_q_against_each_target_mos(tmp_path):
+  from scipy import stats
+
+  from jaxrl_post.tasks import point_clouds as pc
+
+  script = _load()
+  datasets = ("syn_a", "syn_d", "syn_e")
+  row = script.hidden_quality_row(datasets, source="syn_a", test_size=40, num_points=16)
+  for d in datasets:
+    samples = [pc.make_sample(d, "test", i, num_points=16) for i in range(40)]
+    expected = stats.spearmanr([s.quality for s in samples], [s.mos for s in samples])[0]
+    assert row[f"{d}/srcc"] == pytest.approx([expected, 0.0])
+  assert row["syn_a/srcc"][0] > 0.9 and row["syn_d/srcc"][0] < 0.6  # the shift is not monotone
+  assert row["ood_avg/srcc"][0] == pytest.approx(
+    (row["syn_d/srcc"][0] + row["syn_e/srcc"][0]) / 2)
+  # --reference appends it as the table's last row (the run's test_size / num_points).
+  workdir = _workdir(tmp_path / "w", capable=False)
+  config = workdir / "seed_0" / "base" / "config.json"
+  config.write_text(json.dumps({"datasets": ",".join(DATASETS), "source": "syn_a",
+                                "test_size": 8, "num_points": 16}))
+  out = tmp_path / "out"
+  script.main(script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--workdir={workdir}",
+                                                f"--out={out}", "--reference"]))
+  rows = Path(f"{out}_table.md").read_text().splitlines()
+  assert rows[-1].startswith("| source's hidden q (reference) | 1 |")
