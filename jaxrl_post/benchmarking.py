@@ -64,6 +64,7 @@ def compile_sizes(config) -> dict:
     prompt_len=config.prompt_len, completion_len=config.max_new_tokens,
     max_new_tokens=config.max_new_tokens, sample_batch=rollouts,
     moments_dtype=config.optimizer.get("moments_dtype", "float32"),
+    optimizer=config.optimizer.get("name", "adamw"),
     mesh_axes=list(mesh.mesh_axes),
     ici=",".join(f"{a}={mesh[f'ici_{a}']}" for a in mesh.mesh_axes),
     train_rules=mesh.train_rules, sample_rules=mesh.sample_rules)

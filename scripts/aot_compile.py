@@ -39,16 +39,15 @@ the model's size because nothing is materialised. XLA:CPU schedules for
 speed, not memory, so its `temp_bytes` are an upper bound of what a GPU or
 TPU compile reports for the same program; compile on the target for the
 real figure.
-The train step is `make_train_step` (forward + backward + clipped AdamW) with
-the GRPO loss, as `experiments/grpo.py` runs it (float32 Adam moments unless
-`--moments_dtype=params`; the preset's scan / remat / logit-chunk / attention
-settings unless a flag overrides them). With `--lora_rank` > 0 (or `config.lora.rank`)
-it is the LoRA step: adapters (`--lora_targets`) are the trained state, the base is
-the frozen input (`make_train_step(frozen=...)`); `params_bytes` / `opt_state_bytes`
-are then the adapters' and `frozen_bytes` the base's. The sampler's programs run the
-base graph either way (a LoRA run samples with merged kernels). The prefill is `kernels.prefill` of
-`--sample_batch` prompts, and the decode step the sampler's `kernels.decode`
-loop over `--max_new_tokens` tokens.
+The train step is `make_train_step` (forward + backward + clipped AdamW, or the `--optimizer`
+that `setup.build_optimizer` makes) with the GRPO loss, as `experiments/grpo.py` runs it
+(float32 Adam moments unless `--moments_dtype=params`; the preset's scan / remat / logit-chunk /
+attention settings unless a flag overrides them). With `--lora_rank` > 0 (or `config.lora.rank`)
+it is the LoRA step: adapters (`--lora_targets`) are the trained state, the base is the frozen
+input (`make_train_step(frozen=...)`); `params_bytes` / `opt_state_bytes` are then the adapters'
+and `frozen_bytes` the base's. The sampler's programs run the base graph either way (a LoRA run
+samples with merged kernels). The prefill is `kernels.prefill` of `--sample_batch` prompts, and
+the decode step the sampler's `kernels.decode` loop over `--max_new_tokens` tokens.
 """
 
 import functools
@@ -72,6 +71,7 @@ from jaxrl_post.parallel import axes
 from jaxrl_post.parallel import mesh as mesh_lib
 from jaxrl_post.parallel.axes import axis_rules, logical_sharding, state_shardings
 from jaxrl_post.sampling import kernels
+from jaxrl_post.training import base_configs
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.objectives import make_policy_loss
 from jaxrl_post.training.train_state import TrainState, make_train_step, train_state_shardings
@@ -103,6 +103,11 @@ _REMAT = flags.DEFINE_string(
   "remat_policy", "", "Layer rematerialisation: none, full or dots (default: the preset's).")
 _MOMENTS = flags.DEFINE_string(
   "moments_dtype", "float32", "Adam moments: 'float32' (the binaries' default) or 'params'.")
+_OPTIMIZER = flags.DEFINE_string(
+  "optimizer", "adamw", "The update rule: 'adamw' (default: clipped AdamW at a constant rate, the "
+  "numbers of docs/benchmarks.md) or any other `setup.OPTIMIZERS` name, built by "
+  "`setup.build_optimizer` with `base_configs.optimizer_config` defaults (e.g. 'muon_lion', "
+  "Falcon Perception-HD's Muon + Lion split).")
 _GCPO_K = flags.DEFINE_integer(
   "gcpo_k", 0, "> 0: chain GCPO's update projection (protected rank k) after AdamW, as "
   "config.update_constraint does (models.subspace.gcpo_projection).")
@@ -190,15 +195,26 @@ def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> d
     graphdef, abstract_params, abstract_frozen = nnx.split(nnx.eval_shape(make), LoraParam, ...)
     frozen_shardings = state_shardings(abstract_frozen, mesh, rules)
     frozen = _abstract(abstract_frozen, frozen_shardings)
-  stages = [optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0)]
-  if _GCPO_K.value > 0:
-    stages.append(run_setup.update_constraint(ml_collections.ConfigDict(dict(
-      name="gcpo", k=_GCPO_K.value, mode="bilateral", targets=subspace.DEFAULT_TARGETS))))
-  optimizer = optax.chain(*stages)
-  if _MOMENTS.value == "float32":  # What the binaries do by default (`optimizer.moments_dtype`).
-    optimizer = run_setup.with_float32_state(optimizer)
-  elif _MOMENTS.value != "params":
+  if _MOMENTS.value not in ("float32", "params"):
     raise ValueError(f"--moments_dtype={_MOMENTS.value!r}: expected 'float32' or 'params'")
+  if _OPTIMIZER.value == "adamw":
+    stages = [optax.clip_by_global_norm(1.0), optax.adamw(1e-6, weight_decay=0.0)]
+    if _GCPO_K.value > 0:
+      stages.append(run_setup.update_constraint(ml_collections.ConfigDict(dict(
+        name="gcpo", k=_GCPO_K.value, mode="bilateral", targets=subspace.DEFAULT_TARGETS))))
+    optimizer = optax.chain(*stages)
+    if _MOMENTS.value == "float32":  # What the binaries do (`optimizer.moments_dtype`).
+      optimizer = run_setup.with_float32_state(optimizer)
+  else:
+    # The binaries' own optimizer, as `config.optimizer.name` builds it (its moments dtype too).
+    if _GCPO_K.value > 0:
+      raise ValueError("--gcpo_k is compiled with --optimizer=adamw only")
+    if _OPTIMIZER.value not in run_setup.OPTIMIZERS:
+      raise ValueError(f"--optimizer={_OPTIMIZER.value!r}: expected one of "
+                       f"{', '.join(run_setup.OPTIMIZERS)}")
+    config = ml_collections.ConfigDict(dict(optimizer=base_configs.optimizer_config(
+      lr=1e-6, name=_OPTIMIZER.value, decay_steps=10**9, moments_dtype=_MOMENTS.value)))
+    optimizer = run_setup.build_optimizer(config, total_steps=1)
 
   def init(params):
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -234,7 +250,7 @@ def train_step_report(model_config, graphdef, abstract_params, mesh, rules) -> d
     params_bytes=_bytes_per_device(abstract_state.params, shardings.params),
     opt_state_bytes=_bytes_per_device(abstract_state.opt_state, shardings.opt_state),
     **_memory(compiled), batch=b, tokens_per_row=p + t, num_micro_batches=_MICRO.value,
-    moments_dtype=_MOMENTS.value, gcpo_k=_GCPO_K.value, **lora)
+    moments_dtype=_MOMENTS.value, optimizer=_OPTIMIZER.value, gcpo_k=_GCPO_K.value, **lora)
 
 
 def decode_step_report(model_config, graphdef, abstract_params, mesh, rules) -> dict:

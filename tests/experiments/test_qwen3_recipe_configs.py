@@ -41,6 +41,7 @@ def test_aot_flags_from_config():
   assert flags["prompt_len"] == 256 and flags["completion_len"] == 1024
   assert flags["ici"] == "data=1,fsdp=8,tensor=1"
   assert flags["param_dtype"] == "bfloat16" and flags["moments_dtype"] == "float32"
+  assert flags["optimizer"] == "adamw"
 
 
 def test_data_dir_and_bad_args():

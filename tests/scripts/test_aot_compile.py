@@ -69,3 +69,30 @@ def test_decode_step_compiles_on_the_sampler_mesh(reports):
   kv = 2 * config.num_layers * 8 * 1 * 64 * config.head_dim * F32
   assert decode["kv_cache_bytes"] == kv + 8 * 64 + 4
   assert decode["temp_bytes"] > 0
+
+
+@pytest.mark.parametrize(("optimizer", "moments"), [("adamw", 2), ("muon_lion", 1)])
+def test_optimizer_flag_compiles_the_binaries_optimizer(optimizer, moments):
+  # AdamW keeps two moments per parameter, Muon + Lion one momentum (Muon's Nesterov buffer on
+  # the hidden matrices, Lion's on the rest): the optimizer state is 2× / 1× the parameters
+  # (plus step counters). `tiny` on 2 devices, update only.
+  result = subprocess.run(
+    [sys.executable, "scripts/aot_compile.py", "--model=tiny", "--ici=fsdp=2",
+     "--num_cpu_devices=2", "--batch=4", "--prompt_len=8", "--completion_len=8",
+     f"--optimizer={optimizer}", "--skip=prefill,decode_step"],
+    capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  (train,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+  assert train["what"] == "train_step" and train["optimizer"] == optimizer
+  assert 0 <= train["opt_state_bytes"] - moments * train["params_bytes"] < 1024
+  assert train["temp_bytes"] > 0
+
+
+def test_unknown_optimizer_names_the_flag():
+  result = subprocess.run(
+    [sys.executable, "scripts/aot_compile.py", "--model=tiny", "--ici=fsdp=1",
+     "--num_cpu_devices=1", "--optimizer=adafactor", "--skip=prefill,decode_step"],
+    capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  assert result.returncode != 0 and "--optimizer='adafactor'" in result.stderr
