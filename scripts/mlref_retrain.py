@@ -87,12 +87,6 @@ def compare(a, b) -> dict[str, float]:
           "p_welch": float(t.pvalue), "u": float(u.statistic), "p_mwu": float(u.pvalue)}
 
 
-def _per_seed(metrics, window: int) -> np.ndarray:
-  fit = metrics["fitness"]                      # [S, U] true episodic return per update.
-  w = min(window, fit.shape[1])
-  return fit[:, -w:].mean(1)
-
-
 def retrain(config, workdir: str, *, methods=None) -> list[dict]:
   """Retrains every R* of `workdir` and the env reward; returns (and appends) the records.
 
@@ -137,7 +131,8 @@ def retrain(config, workdir: str, *, methods=None) -> list[dict]:
                           weights=np.asarray(best["weights"], np.float32),
                           fast_compile=config.fast_compile)
       rec = {"method": method, "pipeline": p, "seeds": seeds,
-             "per_seed_score": [float(x) for x in _per_seed(m, config.score_window)],
+             "per_seed_score": [float(x) for x in
+                                adapter.per_seed_score(m["fitness"], config.score_window)],
              "evolution_best": float(best["score"]), "iteration": best["iteration"],
              "modules": [mm.uid for mm in modules],
              "weights": [float(w) for w in best["weights"]]}

@@ -53,6 +53,15 @@ from jaxrl_post.rl_control.task import ControlTask
 MONOLITHIC_NAME = "reward"
 
 
+def per_seed_score(fitness, score_window: int) -> np.ndarray:
+  """S_v per seed: each seed's true return averaged over its last `score_window` updates.
+
+  `fitness` is `[S, U]` (seeds × updates); a window longer than the run uses every update.
+  """
+  fitness = np.asarray(fitness)
+  return fitness[:, -min(score_window, fitness.shape[1]):].mean(1)
+
+
 def make_train_fn(task: ControlTask, config: ppo.PPOConfig, seeds, *, score_window: int = 10,
                   clip: float | None = 10.0,
                   on_result: Callable[[RewardCandidate, dict], None] | None = None,
@@ -86,7 +95,8 @@ def make_train_fn(task: ControlTask, config: ppo.PPOConfig, seeds, *, score_wind
     score = float(perf[-w:].mean())
     if on_result is not None:
       on_result(cand, {"score": score, "performance": perf,
-                       "per_seed_score": fitness[:, -w:].mean(1), "module_curves": curves,
+                       "per_seed_score": per_seed_score(fitness, score_window),
+                       "module_curves": curves,
                        "nonfinite": m["module_nonfinite"].sum((0, 1)),
                        # Per module: how many seeds dropped it (it failed or went non-finite).
                        "dropped": m["module_dropped"][:, -1].sum(0)})
@@ -99,8 +109,7 @@ def env_reward_baseline(task: ControlTask, config: ppo.PPOConfig, seeds, *,
                         score_window: int = 10, fast_compile: bool = False) -> dict:
   """PPO on the environment's own reward (the hand-designed reference): score and curves."""
   m = ppo.train_seeds(config, task, [int(s) for s in seeds], fast_compile=fast_compile)
-  w = min(score_window, m["fitness"].shape[1])
-  per_seed = m["fitness"][:, -w:].mean(1)
+  per_seed = per_seed_score(m["fitness"], score_window)
   return {"score": float(per_seed.mean()), "per_seed_score": per_seed,
           "performance": m["fitness"].mean(0)}
 
