@@ -288,6 +288,18 @@ def _accept_all(code):
   return True, "", ""
 
 
+def _edit_with(base: Proposer, info: TaskInfo, start: mp.Pool, reflection: str, state, *,
+               iteration: int, variant: int, num_variants: int, max_modules: int) -> mp.Pool:
+  """`start` edited by `base.improve_pool`'s plan, as MLREF's own pool would be; every edit is
+  accepted here (the loop vets the plan this proposer returns). A plan that deletes every
+  module leaves `start` as it was."""
+  plan = base.improve_pool(info, start, reflection, state, iteration=iteration, variant=variant,
+                           num_variants=num_variants)
+  edited, _, _ = mp.apply_plan(start, plan, accept=_accept_all, iteration=iteration,
+                               variant=variant, max_modules=max_modules)
+  return edited if len(edited) else start
+
+
 class MonolithicProposer:
   """Whole-reward-function evolution (EUREKA-like): one module `reward`, edited every iteration.
 
@@ -347,12 +359,8 @@ class MonolithicProposer:
     pool = mp.Pool(tuple(mp.ModuleSpec(name=n, description=n, code=c) for n, _, c in terms),
                    {n: mp.ModuleStats(ema_llm=w) for n, w, _ in terms})
     coef = {n: w for n, w, _ in terms}
-    plan = self.base.improve_pool(info, pool, reflection, state, iteration=iteration,
-                                  variant=variant, num_variants=num_variants)
-    edited, _, _ = mp.apply_plan(pool, plan, accept=_accept_all, iteration=iteration,
-                                 variant=variant, max_modules=self.max_terms)
-    if not len(edited):  # Everything deleted: keep R*.
-      edited = pool
+    edited = _edit_with(self.base, info, pool, reflection, state, iteration=iteration,
+                        variant=variant, num_variants=num_variants, max_modules=self.max_terms)
     mean = float(np.mean(list(coef.values()))) if coef else 1.0
     coefs = [coef.get(n, mean) for n in edited.names]
     desc = monolithic_description(edited.names, coefs)
@@ -425,12 +433,8 @@ class NoPoolProposer:
     start = mp.Pool(tuple(mp.ModuleSpec(name=m.name, description=m.description, code=m.code)
                           for m in best.values()),
                     {n: mp.ModuleStats(ema_llm=float(weights.get(n, 0.0))) for n in best})
-    plan = self.base.improve_pool(info, start, reflection, state, iteration=iteration,
-                                  variant=variant, num_variants=num_variants)
-    edited, _, _ = mp.apply_plan(start, plan, accept=_accept_all, iteration=iteration,
-                                 variant=variant, max_modules=self.max_modules)
-    if not len(edited):
-      edited = start
+    edited = _edit_with(self.base, info, start, reflection, state, iteration=iteration,
+                        variant=variant, num_variants=num_variants, max_modules=self.max_modules)
     adds = tuple(mp.PlanOp(op="ADD", name=m.name, description=m.description, code=m.code)
                  for m in edited.modules)
     return mp.ImprovePlan(rationale="no pool: edit the best reward so far",
