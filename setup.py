@@ -32,6 +32,7 @@ _RUNTIME = [
 _TEST = [
     "pytest",
     "pytest-xdist",
+    "pytest-rerunfailures>=12",  # reruns a test whose xdist worker crashed (pyproject.toml)
     "scipy",
     # Pinned so that pip takes the CPU wheel; see README ("Installing torch").
     "torch==2.13.0",

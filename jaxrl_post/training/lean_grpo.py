@@ -36,6 +36,8 @@ unrolled at them (`lax.scan` over the runs of other steps).
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -494,6 +496,9 @@ class CountingApply:
   def __init__(self, apply_fn: ApplyFn):
     self.apply_fn = apply_fn
     self._rows = 0
+    # Callbacks can run on several runtime threads; `+=` on an attribute is a
+    # read-modify-write that could lose counts without the lock.
+    self._lock = threading.Lock()
 
   @property
   def rows(self) -> int:
@@ -502,8 +507,21 @@ class CountingApply:
     jax.effects_barrier()
     return self._rows
 
+  def wait_for(self, expected: int, timeout_s: float = 60.0) -> int:
+    """The count once it reaches `expected` (or after `timeout_s`, whatever it is then).
+
+    `rows` can still be short after `effects_barrier`: one CI run on 2 loaded cores read 59
+    of 64 rows there, and the rest arrived later. A count above `expected` returns at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    while self.rows < expected and time.monotonic() < deadline:
+      time.sleep(0.01)
+    return self.rows
+
   def _add(self, n):
-    self._rows += int(np.sum(np.asarray(n)))
+    n = int(np.sum(np.asarray(n)))
+    with self._lock:
+      self._rows += n
 
   def __call__(self, params, x, t, c=None):
     # Depends on x, so vmap batches it (one call per element) instead of hoisting it.

@@ -46,7 +46,7 @@ def _flat(tree):
 
 @functools.lru_cache(maxsize=None)
 def _gradient(schedule, beta):
-  """The schedule's output and the forward rows its model ran (`CountingApply`)."""
+  """The schedule's output and its `CountingApply` (the forward rows its model ran)."""
   apply, params, ref_params, rollout = _setup()
   counted = lg.CountingApply(apply)
   ref_fn = None if beta == 0 else (lambda x, t, c: apply(ref_params, x, t, c))
@@ -55,7 +55,7 @@ def _gradient(schedule, beta):
     schedule, counted, p, ref_fn, rollout, _reward, grid=flow_sde.time_grid(T),
     selected=SELECTED, settings=settings))(params)
   jax.block_until_ready(out)
-  return out, counted.rows
+  return out, counted
 
 
 def _close(a, b, rtol=1e-5):
@@ -79,7 +79,8 @@ def test_model_forward_counts_native_pays_s_extra_per_sample():
   n = G * M
   counts = {}
   for schedule in ("native", "retain", "reweight"):
-    out, counts[schedule] = _gradient(schedule, BETA)
+    out, counted = _gradient(schedule, BETA)
+    counts[schedule] = counted.wait_for(int(out.forwards))
     assert int(out.forwards) == counts[schedule], schedule
   assert counts["retain"] == counts["reweight"] == n * T
   assert counts["native"] == n * (T + len(SELECTED))
