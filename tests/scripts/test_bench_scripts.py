@@ -48,6 +48,15 @@ def test_bench_model_reports_fraction_of_peak():
   assert rows[1]["tokens_per_s"] > 0 and rows[1]["fraction_of_matmul_peak"] > 0
 
 
+def test_bench_moe_reports_both_dispatches_and_their_agreement():
+  rows = _json_lines("bench_moe.py", "--tokens=32", "--embed=16", "--moe_mlp=8", "--experts=4",
+                     "--repeats=1", "--matmul_n=128")
+  assert [r["what"] for r in rows] == ["matmul_peak", "moe_block", "moe_block"]
+  assert [r["impl"] for r in rows[1:]] == ["dense", "ragged"]
+  assert all(r["seconds"] > 0 and r["temp_bytes"] > 0 for r in rows[1:])
+  assert rows[2]["max_abs_diff_vs_dense"] < 1e-5  # the two dispatches compute the same block
+
+
 def test_bench_scaling_matches_the_1_device_loss_on_every_layout():
   rows = _json_lines("bench_scaling.py", "--model=tiny", "--rows=4", "--prompt_len=4",
                      "--completion_len=8", "--repeats=1", "--max_devices=2")
