@@ -7,13 +7,16 @@ Commands:
   python experiments/grpo.py --config=configs/misa_t.py --workdir=/tmp/misa_t
   python experiments/grpo.py --config=configs/misa_t.py:policy=misa --workdir=/tmp/misa
   python experiments/grpo.py --config=configs/misa_t.py:runlocal --workdir=/tmp/misa_t_local
+  python experiments/grpo.py --config=configs/misa_t.py:slots=32 --workdir=/tmp/misa_t_slots
 
 Variants (after the colon): `policy=none|static|session|misa|misa_t` (`config.rollout.admission`;
 `none` = batches generated as drawn), `runlocal` (tiny model, 4 steps, two arithmetic domains
-2 : 1), `steps=<n>`, `model=<preset>`.
+2 : 1), `steps=<n>`, `model=<preset>`, `slots=<n>` (`config.rollout.num_slots`: the batch's rows
+decode by continuous batching through n cache slots, and the policy's class caps become caps
+on the slots each class may hold at once, `admission/slot_cap_<domain>`; 0 = static batches).
 
-What to expect. This sampler generates static batches and keeps no prefix cache across them,
-so admission only changes which groups are generated when: the metrics to read are
+What to expect. The sampler keeps no prefix cache across batches, so admission changes which
+groups are generated when (and, with `slots`, which rows share the slots at a time): the metrics to read are
 `admission/held_<domain>`, `admission/cap_<domain>`, `admission/forced` and
 `admission/tv_consumed_target` (consumed-vs-target mixture TV), not throughput. The paper's
 throughput / prefix-hit claims are tested in the simulator: scripts/misa_t_sim.py.
@@ -46,7 +49,7 @@ RUNLOCAL_DOMAINS = {
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, runlocal=False, policy="misa_t", model="small", steps=30)
+  arg = parse_arg(arg, runlocal=False, policy="misa_t", model="small", steps=30, slots=0)
   if arg.policy not in POLICIES:
     raise ValueError(f"policy={arg.policy!r}; valid: {', '.join(POLICIES)}")
   config = base_configs.grpo_base("grpo")
@@ -56,6 +59,7 @@ def get_config(arg=None):
   config.rollout.mode = "async"
   config.rollout.max_in_flight = 1
   config.rollout.admission = arg.policy
+  config.rollout.num_slots = arg.slots
   config.admission = ml_collections.ConfigDict(dict(
     kv_blocks=0, block_tokens=16, max_releases=4, window=64, footprint_quantile=0.9))
   if arg.runlocal:

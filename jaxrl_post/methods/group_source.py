@@ -62,6 +62,32 @@ ROW_KEYS = ("prompt_tokens", "prompt_mask", "completion_tokens", "completion_mas
             "finish_reason")
 
 
+def generate_rollout(sampler, params, prompts: Sequence[str], config, rng, *,
+                     n_samples: int | None = None, prompt_classes: Sequence[int] | None = None,
+                     class_caps: Sequence[int] | None = None) -> Rollout:
+  """`n_samples` (default `config.group_size`) completions per prompt, the one place the loop's
+  methods sample a step's groups: a static batch (`Sampler.generate`), or continuous batching
+  through `config.rollout.num_slots` slots (`Sampler.generate_continuous`, with class caps on
+  the slots when given). Both give the same rows, order and keys.
+
+  Raises:
+    ValueError: naming `config.rollout.num_slots` when the sampler constrains decoding with a
+      grammar (continuous batching does not).
+  """
+  options = async_rollouts.rollout_options(config)
+  kw = dict(n_samples_per_prompt=n_samples or config.group_size,
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+            top_k=config.top_k, top_p=config.top_p, rng=rng)
+  if not options.num_slots:
+    return sampler.generate(params, list(prompts), **kw)
+  if sampler.grammar is not None:
+    raise ValueError(f"config.rollout.num_slots={options.num_slots} (continuous batching) does "
+                     "not support constrained decoding (a task grammar); set it to 0")
+  return sampler.generate_continuous(
+    params, list(prompts), num_slots=options.num_slots, admit_size=options.admit_size or None,
+    prompt_classes=prompt_classes, class_caps=class_caps, **kw)
+
+
 class StepGroups(NamedTuple):
   """One step's groups, as the synchronous step has them after verification."""
 
@@ -103,7 +129,8 @@ class GroupSource:
     if self.scheduler is not None:
       self._raw_draw, self.draw = draw, self._admitted_draw
       self._lock = threading.Lock()  # the producer's thread and the trainer's share it
-      self._batches: dict[int, tuple[list[int], dict[str, float]]] = {}
+      # id(records) -> (session ids, admission metrics, slot caps or None)
+      self._batches: dict[int, tuple[list[int], dict[str, float], list[int] | None]] = {}
       self._snapshot: dict[str, Any] | None = None
       self.consumed = np.zeros(len(self.scheduler.classes), np.int64)
 
@@ -115,7 +142,13 @@ class GroupSource:
       records = self.scheduler.next_batch(lambda: [_plain(r) for r in self._raw_draw()])
       if len(self._batches) > 64:  # batches dropped as stale are never taken
         self._batches.pop(next(iter(self._batches)))
-      self._batches[id(records)] = (self.scheduler.batch_ids(), self.scheduler.metrics())
+      metrics = self.scheduler.metrics()
+      caps = (self.scheduler.slot_caps(self.options.num_slots) if self.options.num_slots
+              else None)
+      if caps is not None:
+        metrics.update({f"admission/slot_cap_{c}": float(k)
+                        for c, k in zip(self.scheduler.classes, caps)})
+      self._batches[id(records)] = (self.scheduler.batch_ids(), metrics, caps)
     return records
 
   def _complete(self, records, rows: Mapping[str, np.ndarray]) -> None:
@@ -143,7 +176,7 @@ class GroupSource:
               "admission": self.scheduler.state_dict()}
 
   def _admission_metrics(self, records) -> dict[str, float]:
-    _, metrics = self._batches.pop(id(records), (None, {}))
+    _, metrics, _ = self._batches.pop(id(records), (None, {}, None))
     for record in records:
       self.consumed[self.scheduler.classes.index(self.method.task.domain_of(record))] += 1
     metrics = {k: v for k, v in metrics.items() if k != "admission/tv_consumed_target"}
@@ -157,10 +190,14 @@ class GroupSource:
                 ) -> dict[str, np.ndarray]:
     """`group_size` completions per record with `params` (sampler layout), on the host."""
     config = self.method.config
-    rollout = self.method.sampler.generate(
-      params, [r["prompt"] for r in records], n_samples_per_prompt=config.group_size,
-      max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
-      top_p=config.top_p, rng=jax.random.fold_in(self.method.rng, index))
+    classes = caps = None
+    info = self._batches.get(id(records)) if self.scheduler is not None else None
+    if info is not None and info[2] is not None:
+      caps = info[2]
+      classes = [self.scheduler.classes.index(self.method.task.domain_of(r)) for r in records]
+    rollout = generate_rollout(self.method.sampler, params, [r["prompt"] for r in records],
+                               config, jax.random.fold_in(self.method.rng, index),
+                               prompt_classes=classes, class_caps=caps)
     rows = multihost.to_host({k: getattr(rollout, k) for k in ROW_KEYS})
     if self.scheduler is not None:
       self._complete(records, rows)

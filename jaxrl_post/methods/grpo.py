@@ -387,10 +387,8 @@ def sample_groups(runtime: PolicyRuntime, params, prompts: Sequence[str], config
   """
   params, timings["time/reshard"] = runtime.evaluator.sampler_params(params)
   tic = time.perf_counter()
-  rollout = runtime.sampler.generate(
-    params, list(prompts), n_samples_per_prompt=n_samples or config.group_size,
-    max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
-    top_p=config.top_p, rng=rng)
+  rollout = group_source.generate_rollout(runtime.sampler, params, prompts, config, rng,
+                                          n_samples=n_samples)
   rollout.completion_tokens.block_until_ready()
   timings["time/generate"] = time.perf_counter() - tic
   return rollout

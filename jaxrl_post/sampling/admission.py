@@ -595,6 +595,22 @@ class RolloutScheduler:
     self._batch_ids = [s.id for s in admitted]
     return [s.payload for s in admitted]
 
+  def slot_caps(self, num_slots: int) -> list[int] | None:
+    """The last epoch's class caps as caps on `num_slots` continuous-batching slots.
+
+    Class b may hold the share K_b·k̄_b / C of the KV budget C (MISA / MISA-T's quota in
+    blocks); in a sampler whose slots are alike that is ⌊num_slots · K_b·k̄_b / C⌋ slots, at
+    least 1. None for a policy without class caps (static, session): first come, first served.
+    """
+    caps = self.policy.caps(View(self.ledger, self.capacity, 0, self.global_cap))
+    if not caps:
+      return None
+    out = []
+    for c in self.classes:
+      blocks = caps[c] * self.ledger.estimate(c).footprint
+      out.append(max(1, min(num_slots, int(num_slots * blocks / self.capacity))))
+    return out
+
   def batch_ids(self) -> list[int]:
     """The session ids of the last batch, in batch order."""
     return list(self._batch_ids)

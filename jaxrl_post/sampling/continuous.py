@@ -38,6 +38,12 @@ change of length only, not at admissions. Each length compiles the model's
 decode step once more; the number of queued rows never changes the program,
 so draining a queue never recompiles.
 
+With `prompt_class` / `class_caps` the queue is not first come, first served:
+a free slot goes to the first queued row whose workload class holds fewer
+slots than its cap (MISA-T's class caps, `sampling.admission`, turned into
+slots by `RolloutScheduler.slot_caps`); rows of a class at its cap wait while
+later rows of other classes pass them.
+
 A row's samples are prefilled once per row (a group admitted together
 computes its prompt n times), and its prompt slots are its own, not shared
 with the group as in `kernels.prefill` (the group's rows may sit in any slots
@@ -81,7 +87,7 @@ class _Slots(NamedTuple):
   step: jax.Array  # int32[slots], index of the next token within its row
   row: jax.Array  # int32[slots], local row number (meaningless where not alive)
   alive: jax.Array  # bool[slots]
-  next_row: jax.Array  # int32[], the first queued row
+  queued: jax.Array  # bool[rows], rows not yet admitted (False past `num_rows`)
   tokens: jax.Array
   mask: jax.Array
   logp: jax.Array
@@ -137,7 +143,8 @@ def _put_back(full: KVCache, part: KVCache) -> KVCache:
 def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, num_slots: int,
              admit_size: int, max_new_tokens: int, eos_ids, stop_ids, pad_id: int, temperature,
              top_p, top_k: int, greedy: bool, num_logprobs: int,
-             first_row: jax.Array | int = 0) -> ContinuousOutput:
+             first_row: jax.Array | int = 0, prompt_class: jax.Array | None = None,
+             class_caps: jax.Array | None = None) -> ContinuousOutput:
   """Generates `num_rows` rows through `num_slots` cache slots (see the module docstring).
 
   Args:
@@ -158,6 +165,13 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
     max_new_tokens, eos_ids, stop_ids, pad_id, temperature, top_p, top_k,
     greedy, num_logprobs: as in `kernels.decode`.
     first_row: global row number of row 0 (a data shard's offset).
+    prompt_class, class_caps: class-capped admission (MISA-T's per-class caps,
+      `sampling.admission`, applied to slots): `int32[prompts]` each prompt's
+      class in [0, C) and `int32[C]` the most slots rows of each class may hold
+      at once (each ≥ 1, so an empty cache always admits). A free slot goes to
+      the first queued row whose class is under its cap; rows of a class at
+      its cap wait (HELD) while later rows of other classes pass them. None:
+      first come, first served (the queue order).
 
   Returns:
     `ContinuousOutput` with `prompts · n` rows (those past `num_rows` empty).
@@ -176,15 +190,30 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
     """Cache length the next step needs: every live row's next write, and a new prompt's."""
     return jnp.maximum(jnp.max(jnp.where(c.alive, cache.index, 0)), prompt_len) + 1
 
+  row_class = None if class_caps is None else jnp.repeat(prompt_class, num_samples)
+
+  def eligible(c: _Slots):
+    """bool[rows]: queued rows a free slot may take now (in queue order)."""
+    if class_caps is None:
+      return c.queued
+    num_classes = class_caps.shape[0]
+    live = jnp.zeros((num_classes,), jnp.int32).at[row_class[c.row]].add(
+      c.alive.astype(jnp.int32))
+    # A queued row's rank among its class's queued rows: the first (cap − live) pass.
+    onehot = (row_class[:, None] == jnp.arange(num_classes)[None, :]) & c.queued[:, None]
+    rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=0), row_class[:, None], axis=1)[:, 0] - 1
+    return c.queued & (rank < (class_caps - live)[row_class])
+
   def more(loop):
     c, _ = loop
-    return jnp.any(c.alive) | (c.next_row < num_rows)
+    return jnp.any(c.alive) | jnp.any(c.queued)
 
   def admit(c: _Slots, cache: KVCache):
-    count = jnp.minimum(jnp.minimum(admit_size, num_rows - c.next_row),
+    ready = eligible(c)
+    count = jnp.minimum(jnp.minimum(admit_size, jnp.sum(ready, dtype=jnp.int32)),
                         slots - jnp.sum(c.alive, dtype=jnp.int32))
     new = jnp.arange(admit_size, dtype=jnp.int32)
-    row = c.next_row + new
+    row = jnp.nonzero(ready, size=admit_size, fill_value=rows)[0].astype(jnp.int32)
     prompt = jnp.minimum(row // num_samples, num_prompts - 1)
     start = prefill(graphdef, state, tokens[prompt], mask[prompt], cache_len=prompt_len,
                     num_samples=1)
@@ -194,7 +223,7 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
     entered = jnp.where(new < count, row, rows)
     c = c._replace(logits=put(c.logits, start.logits), positions=put(c.positions, start.positions),
                    step=put(c.step, 0), row=put(c.row, row), alive=put(c.alive, True),
-                   next_row=c.next_row + count,
+                   queued=c.queued.at[entered].set(False, mode="drop"),
                    slot=c.slot.at[entered].set(free, mode="drop"),
                    start_step=c.start_step.at[entered].set(c.steps, mode="drop"))
     return c, _write_prompt_rows(cache, start.cache, at)
@@ -225,9 +254,12 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
 
   def admit_and_step(loop):
     c, cache = loop
-    left = num_rows - c.next_row
+    # Admit once admit_size slots are free (or as many as rows wait), if any waiting row may
+    # enter: a class at its cap does not make the others admit in smaller batches.
+    left = jnp.sum(c.queued, dtype=jnp.int32)
     free = slots - jnp.sum(c.alive, dtype=jnp.int32)
-    c, cache = jax.lax.cond((left > 0) & (free >= jnp.minimum(admit_size, left)), admit,
+    ready = left > 0 if class_caps is None else jnp.any(eligible(c))
+    c, cache = jax.lax.cond(ready & (free >= jnp.minimum(admit_size, left)), admit,
                             lambda c, cache: (c, cache), c, cache)
     return decode_step(c, cache)
 
@@ -258,7 +290,7 @@ def generate(graphdef, state, tokens, mask, rng, num_rows, *, num_samples: int, 
   c = _Slots(
     logits=jnp.zeros((slots, vocab), jnp.float32), positions=jnp.zeros((slots,), jnp.int32),
     step=jnp.zeros((slots,), jnp.int32), row=jnp.zeros((slots,), jnp.int32),
-    alive=jnp.zeros((slots,), jnp.bool_), next_row=jnp.int32(0),
+    alive=jnp.zeros((slots,), jnp.bool_), queued=jnp.arange(rows) < num_rows,
     tokens=jnp.full((rows, t), pad_id, jnp.int32), mask=jnp.zeros((rows, t), jnp.bool_),
     logp=jnp.zeros((rows, t), jnp.float32),
     topk_ids=jnp.full((rows, t, k), pad_id, jnp.int32) if k else None,

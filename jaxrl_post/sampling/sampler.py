@@ -309,7 +309,9 @@ class Sampler:
                           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                           greedy: bool = False, stop_tokens: Sequence[int] = (),
                           num_logprobs: int = 0, rng: jax.Array | None = None,
-                          return_stats: bool = False):
+                          return_stats: bool = False,
+                          prompt_classes: Sequence[int] | None = None,
+                          class_caps: Sequence[int] | None = None):
     """`generate` through `num_slots` cache slots that finished rows hand to queued ones.
 
     The rows (prompt p's n samples are rows p·n … p·n + n − 1) queue in row
@@ -335,6 +337,13 @@ class Sampler:
         all slots) and the outer-loop `passes` (ints; the most of any
         device), and per row (in the rollout's order) its `slot` and
         `start_step` (decode steps run before it entered, on its device).
+      prompt_classes, class_caps: class-capped admission (both or neither):
+        each prompt's workload class in [0, C) and, per class, the most
+        slots its rows may hold at once (≥ 1; e.g. MISA-T's caps,
+        `sampling.admission`). A freed slot goes to the first queued row
+        whose class is under its cap. Under data parallelism each device
+        applies ⌈cap / devices⌉ to its own slots. The rows' tokens do not
+        change (each row keeps its key), only when they are generated.
       Others as in `generate`.
 
     Meshes: under pure data parallelism (the batch axes cover the mesh and
@@ -354,8 +363,12 @@ class Sampler:
       raise ValueError(f"admit_size must be in [1, num_slots={num_slots}], got {admit_size}")
     rng = self._check_sampling(max_new_tokens=max_new_tokens, temperature=temperature,
                                top_k=top_k, top_p=top_p, greedy=greedy, rng=rng)
+    classes = _class_arrays(prompt_classes, class_caps, len(prompts))
     state = self._default_state if state is None else state
     batch = self.prepare(prompts)
+    if classes is not None:
+      bucket = batch.tokens.shape[0]
+      classes = (jnp.zeros((bucket,), jnp.int32).at[:len(prompts)].set(classes[0]), classes[1])
     n = n_samples_per_prompt
     data = () if self.mesh is None else data_parallel_axes(self.mesh, self.rules,
                                                           batch.tokens.shape[0])
@@ -369,7 +382,7 @@ class Sampler:
     out = jitted_continuous(
       state, batch.tokens, batch.mask, rng, jnp.int32(batch.num_prompts * n),
       end_id_array(self.eos_ids, "eos ids"), end_id_array(stop_tokens, "stop tokens"),
-      jnp.float32(temperature), jnp.float32(top_p), num_samples=n, num_slots=num_slots,
+      jnp.float32(temperature), jnp.float32(top_p), classes, num_samples=n, num_slots=num_slots,
       admit_size=admit_size, max_new_tokens=max_new_tokens, top_k=top_k, greedy=greedy,
       num_logprobs=num_logprobs, pad_id=self.pad_id, **self._static)
     if data:
@@ -485,12 +498,34 @@ def jitted_decode(state, cache, logits, positions, rng, eos_ids, stop_ids, tempe
                        out_specs=out_specs, check_vma=False)(cache, logits, positions, *shared)
 
 
+def _class_arrays(prompt_classes, class_caps, num_prompts: int):
+  """`(int32[prompts], int32[C])` for class-capped admission, or None; ValueErrors name the
+  argument."""
+  if prompt_classes is None and class_caps is None:
+    return None
+  if prompt_classes is None or class_caps is None:
+    raise ValueError("prompt_classes and class_caps go together (class-capped admission); "
+                     "give both or neither")
+  classes = np.asarray(prompt_classes, np.int64)
+  caps = np.asarray(class_caps, np.int64)
+  if classes.shape != (num_prompts,):
+    raise ValueError(f"prompt_classes has shape {classes.shape}; one class per prompt "
+                     f"({num_prompts},)")
+  if caps.ndim != 1 or not caps.size or np.any(caps < 1):
+    raise ValueError(f"class_caps={caps.tolist()} must be one cap >= 1 per class (an empty "
+                     "cache must always admit a row)")
+  if np.any(classes < 0) or np.any(classes >= caps.size):
+    raise ValueError(f"prompt_classes must be in [0, {caps.size}) (one cap per class), got "
+                     f"{sorted(set(classes.tolist()))}")
+  return jnp.asarray(classes, jnp.int32), jnp.asarray(caps, jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=(
   "graphdef", "mesh", "rules", "num_samples", "num_slots", "admit_size", "max_new_tokens", "top_k",
   "greedy", "num_logprobs", "pad_id"))
-def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, temperature, top_p, *,
-                      graphdef, mesh, rules, num_samples, num_slots, admit_size, max_new_tokens,
-                      top_k, greedy, num_logprobs, pad_id):
+def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, temperature, top_p,
+                      classes=None, *, graphdef, mesh, rules, num_samples, num_slots, admit_size,
+                      max_new_tokens, top_k, greedy, num_logprobs, pad_id):
   """`continuous.generate`: the whole queue in one compiled program.
 
   Under pure data parallelism (as in `jitted_decode`) each device runs
@@ -501,29 +536,36 @@ def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, tem
   devices' queues may take seconds apart, and on CPU a device waiting at a
   collective for longer than XLA's rendezvous timeout (40 s) aborts the
   process.
+
+  `classes`: None, or `(prompt_class int32[prompts], class_caps int32[C])`
+  (`continuous.generate`); the caps are per device's slots there, ⌈cap / devices⌉.
   """
-  def run(tokens, mask, state, rng, num_rows, eos_ids, stop_ids, temperature, top_p, *,
-          num_slots=num_slots, first_row=0):
+  def run(tokens, mask, prompt_class, state, rng, num_rows, eos_ids, stop_ids, temperature,
+          top_p, class_caps, *, num_slots=num_slots, first_row=0):
     return continuous.generate(
       graphdef, state, tokens, mask, rng, num_rows, num_samples=num_samples, num_slots=num_slots,
       admit_size=admit_size, max_new_tokens=max_new_tokens, eos_ids=eos_ids, stop_ids=stop_ids,
       pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-      num_logprobs=num_logprobs, first_row=first_row)
+      num_logprobs=num_logprobs, first_row=first_row, prompt_class=prompt_class,
+      class_caps=class_caps)
 
+  prompt_class, class_caps = (None, None) if classes is None else classes
   shared = (state, rng, num_rows, eos_ids, stop_ids, temperature, top_p)
   data = () if mesh is None else data_parallel_axes(mesh, rules, tokens.shape[0], num_slots)
   if not data:
     with _context(mesh, rules):
-      return run(tokens, mask, *shared)
+      return run(tokens, mask, prompt_class, *shared, class_caps)
   shards = math.prod(mesh.shape[name] for name in data)
   local_slots = num_slots // shards
+  if class_caps is not None:
+    class_caps = -(-class_caps // shards)  # ⌈cap / devices⌉ of each device's slots
 
-  def local(tokens, mask, state, rng, num_rows, *rest):
+  def local(tokens, mask, prompt_class, state, rng, num_rows, *rest):
     device = jax.lax.axis_index(data)
     rows = tokens.shape[0] * num_samples
     first_row = device * rows
-    out = run(tokens, mask, state, rng, jnp.clip(num_rows - first_row, 0, rows), *rest,
-              num_slots=local_slots, first_row=first_row)
+    out = run(tokens, mask, prompt_class, state, rng, jnp.clip(num_rows - first_row, 0, rows),
+              *rest, num_slots=local_slots, first_row=first_row)
     return out._replace(steps=out.steps[None], passes=out.passes[None],
                         slot=jnp.where(out.slot >= 0, out.slot + device * local_slots, -1))
 
@@ -532,8 +574,11 @@ def jitted_continuous(state, tokens, mask, rng, num_rows, eos_ids, stop_ids, tem
   out_specs = continuous.ContinuousOutput(rows, rows, rows, rows, top, top, rows, rows, rows, rows)
   # check_vma=False: as in `jitted_decode`, the loop carries mix per-device and
   # replicated values.
-  return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows) + (PartitionSpec(),) * 7,
-                       out_specs=out_specs, check_vma=False)(tokens, mask, *shared)
+  class_spec = None if prompt_class is None else rows
+  return jax.shard_map(local, mesh=mesh,
+                       in_specs=(rows, rows, class_spec) + (PartitionSpec(),) * 8,
+                       out_specs=out_specs, check_vma=False)(tokens, mask, prompt_class, *shared,
+                                                             class_caps)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "rules", "top_k",

@@ -100,6 +100,11 @@ class RolloutOptions:
   # batch is generated as drawn) or a policy the batches are drawn through
   # (`methods.group_source`: static / session / misa / misa_t).
   admission: str = "none"
+  # Continuous batching (`Sampler.generate_continuous`): the step's rows decode through
+  # num_slots cache slots that finished rows hand to queued ones (0: one static batch);
+  # admit_size rows are prefilled together (0: max(1, num_slots // 8)).
+  num_slots: int = 0
+  admit_size: int = 0
 
   @property
   def ahead(self) -> int:
@@ -132,6 +137,10 @@ def rollout_options(config) -> RolloutOptions:
   if options.unused not in UNUSED_POLICIES:
     raise ValueError(f"config.rollout.unused={options.unused!r}; valid: "
                      f"{', '.join(UNUSED_POLICIES)}")
+  if options.num_slots < 0 or not 0 <= options.admit_size <= max(options.num_slots, 0):
+    raise ValueError(f"config.rollout.num_slots={options.num_slots} must be >= 0 (0: static "
+                     f"batches) and config.rollout.admit_size={options.admit_size} in [0, "
+                     "num_slots] (0: num_slots // 8)")
   if options.sync_bucket_mb <= 0:
     raise ValueError(f"config.rollout.sync_bucket_mb={options.sync_bucket_mb} must be > 0")
   if options.true_on_policy_tol < 0:

@@ -207,11 +207,15 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   # log-probs differ from the trainer's by more than true_on_policy_tol. Off-policy batches
   # want loss.sampler_correction="truncate" (TIS) or "mask" (IcePop), or old_logp="sampler"
   # (the ratio to the sampling policy itself, without the trainer's scoring pass).
+  # num_slots > 0 decodes the step's rows by continuous batching through that many cache slots
+  # (admit_size rows prefilled together; 0: num_slots // 8): generation time follows the
+  # total of tokens, not rows × the longest; with an admission policy that has class caps
+  # (misa, misa_t) the slots are shared between the workload classes by those caps.
   config.rollout = ml_collections.ConfigDict(dict(
     mode="sync", max_in_flight=1,
     max_weight_staleness=ml_collections.config_dict.placeholder(int), unused="drop",
     verify_sync=False, sync_bucket_mb=512.0, true_on_policy=False, true_on_policy_tol=0.0,
-    old_logp="trainer"))
+    old_logp="trainer", num_slots=0, admit_size=0))
   # sampler_correction: "none", or "truncate" (TIS) / "mask" (IcePop) of the ratio between the
   # policy that scored the batch and the sampler's recorded log-probs, per token or sequence
   # (`losses.sampler_importance_weights`): what an off-policy (asynchronous) batch wants.

@@ -101,3 +101,22 @@ def test_dynamic_sampling_never_hands_out_an_all_equal_group(tmp_path, format_wr
                    prompts_per_step=8)
   with pytest.raises(RuntimeError, match="config.dynamic_sampling.max_rounds=1"):
     loop.train(config, tmp_path / "ds_short", GRPO(config))
+
+
+def test_continuous_batching_gives_the_static_batch_s_step(tmp_path, format_writer_policy):
+  # config.rollout.num_slots: the rows decode through 4 slots (32 rows queue for them), each
+  # with its own key, so the step sees the static batch's completions (log-probs within float
+  # rounding) and trains the same.
+  static = _config(format_writer_policy, steps=2)
+  loop.train(static, tmp_path / "static", GRPO(static))
+  slots = _config(format_writer_policy, steps=2,
+                  rollout=dict(num_slots=4, admit_size=2, mode="sync"))
+  loop.train(slots, tmp_path / "slots", GRPO(slots))
+  want, got = _records(tmp_path / "static"), _records(tmp_path / "slots")
+  assert max(r["train/grad_norm"] for r in want) > 1e-3
+  for a, b in zip(want, got, strict=True):
+    assert a["train/reward_format"] == b["train/reward_format"]
+    assert a["rollout/completion_length_mean"] == b["rollout/completion_length_mean"]
+    assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4, abs=1e-6)
+  with pytest.raises(ValueError, match=r"config.rollout.num_slots=-1 must be >= 0"):
+    GRPO(_config(format_writer_policy, rollout=dict(num_slots=-1)))

@@ -65,3 +65,15 @@ def test_admission_needs_a_mixture_and_a_known_policy(format_writer_policy):
   method.task = get_task("arith")
   with pytest.raises(ValueError, match="needs a task with workload classes"):
     group_source.build_scheduler(method, method.rollout_options)
+
+
+def test_misa_t_caps_the_slots_of_continuous_batching(tmp_path, format_writer_policy):
+  config = _config(format_writer_policy, steps=2, checkpoint_every=2)
+  config.rollout.num_slots, config.rollout.admit_size = 4, 2
+  loop.train(config, tmp_path / "slots", GRPO(config))
+  records = _records(tmp_path / "slots")
+  assert [r["step"] for r in records] == [1, 2]
+  for r in records:  # each class's share of the 4 slots, at least one slot each
+    caps = [r["admission/slot_cap_arith1"], r["admission/slot_cap_arith3"]]
+    assert all(1 <= c <= 4 for c in caps), caps
+  assert max(r["train/grad_norm"] for r in records) > 1e-3

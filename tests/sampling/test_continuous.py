@@ -149,6 +149,73 @@ def test_other_meshes_run_one_partitioned_program(model, sampler):
                        sampler.generate(None, PROMPTS, **kw))
 
 
+def _live_per_class(stats, rollout, row_class, num_classes):
+  """The most rows of each class that decoded at once (from each row's entry step and length)."""
+  start = np.asarray(stats["start_step"])
+  end = start + np.asarray(rollout.lengths)
+  live = np.zeros((int(end.max()) + 1, num_classes), np.int64)
+  for s, e, c in zip(start, end, row_class):
+    live[s:e, c] += 1
+  return live.max(axis=0)
+
+
+def test_class_caps_hold_a_class_to_its_slots_and_keep_every_row(sampler):
+  # Prompts 0-2 are class 0 (9 rows), 3-5 class 1: at most 1 slot for class 0, 3 for class 1.
+  classes, caps = [0, 0, 0, 1, 1, 1], [1, 3]
+  kw = dict(KW, rng=jax.random.key(3))
+  want, fifo = sampler.generate_continuous(None, PROMPTS, **SLOTS, return_stats=True, **kw)
+  got, stats = sampler.generate_continuous(None, PROMPTS, **SLOTS, return_stats=True, **kw,
+                                           prompt_classes=classes, class_caps=caps)
+  _assert_same_rollout(got, want)  # each row keeps its key: same tokens, other moments
+  row_class = np.repeat(classes, 3)
+  assert _live_per_class(stats, got, row_class, 2).tolist() == [1, 3]
+  assert _live_per_class(fifo, want, row_class, 2)[0] > 1  # without caps class 0 took more
+  # Held class-0 rows were passed by class-1 rows queued after them.
+  start = np.asarray(stats["start_step"])
+  assert start[row_class == 1].mean() < start[row_class == 0].mean()
+  # Caps at the slot count are first come, first served: the same schedule as no caps.
+  _, loose = sampler.generate_continuous(None, PROMPTS, **SLOTS, return_stats=True, **kw,
+                                         prompt_classes=classes, class_caps=[4, 4])
+  for key in ("slot", "start_step"):
+    np.testing.assert_array_equal(np.asarray(loose[key]), np.asarray(fifo[key]), err_msg=key)
+
+
+def test_class_caps_bad_arguments(sampler):
+  kw = dict(num_slots=4, greedy=True)
+  with pytest.raises(ValueError, match="prompt_classes and class_caps go together"):
+    sampler.generate_continuous(None, PROMPTS, prompt_classes=[0] * 6, **kw)
+  with pytest.raises(ValueError, match="one cap >= 1 per class"):
+    sampler.generate_continuous(None, PROMPTS, prompt_classes=[0] * 6, class_caps=[0], **kw)
+  with pytest.raises(ValueError, match=r"one class per prompt \(6,\)"):
+    sampler.generate_continuous(None, PROMPTS, prompt_classes=[0] * 5, class_caps=[1], **kw)
+  with pytest.raises(ValueError, match=r"prompt_classes must be in \[0, 2\)"):
+    sampler.generate_continuous(None, PROMPTS, prompt_classes=[0, 1, 2, 0, 0, 0],
+                                class_caps=[1, 1], **kw)
+
+
+def test_class_caps_per_device_under_data_parallelism(model, sampler):
+  mesh = host.data_mesh(jax.devices()[:2])
+  state = jax.device_put(nnx.state(model), NamedSharding(mesh, PartitionSpec()))
+  kw = dict(KW, rng=jax.random.key(9))
+  data_parallel = Sampler(model, max_prompt_len=32, eos_ids=[EOS], batch_buckets=(8,),
+                          mesh=mesh, rules=REPLICATED_RULES)
+  classes = [0, 1, 0, 1, 0, 1]
+  got, stats = data_parallel.generate_continuous(state, PROMPTS, **SLOTS, **kw,
+                                                 return_stats=True, prompt_classes=classes,
+                                                 class_caps=[2, 2])
+  _assert_same_rollout(got, sampler.generate(None, PROMPTS, **kw))
+  # Each device has 2 slots and applies ⌈2 / 2⌉ = 1 per class: one row of each at a time.
+  row_class = np.repeat(classes, 3)
+  for rows in (slice(0, 12), slice(12, 18)):
+    sub = {k: np.asarray(stats[k])[rows] for k in ("start_step",)}
+    lengths = np.asarray(got.lengths)[rows]
+    start, end = sub["start_step"], sub["start_step"] + lengths
+    for c in (0, 1):
+      steps = [(s, e) for s, e, k in zip(start, end, row_class[rows]) if k == c]
+      assert all(not (a[0] < b[1] and b[0] < a[1]) for i, a in enumerate(steps)
+                 for b in steps[i + 1:]), c  # never two rows of a class at once
+
+
 def test_cache_lengths_end_at_the_full_cache():
   assert continuous.cache_lengths(16, 1) == [17]
   lengths = continuous.cache_lengths(64, 1024)
