@@ -16,8 +16,8 @@ decode by continuous batching through n cache slots, and the policy's class caps
 on the slots each class may hold at once, `admission/slot_cap_<domain>`; 0 = static batches).
 
 What to expect. The sampler keeps no prefix cache across batches, so admission changes which
-groups are generated when (and, with `slots`, which rows share the slots at a time): the metrics to read are
-`admission/held_<domain>`, `admission/cap_<domain>`, `admission/forced` and
+groups are generated when (and, with `slots`, which rows share the slots at a time): the
+metrics to read are `admission/held_<domain>`, `admission/cap_<domain>`, `admission/forced` and
 `admission/tv_consumed_target` (consumed-vs-target mixture TV), not throughput. The paper's
 throughput / prefix-hit claims are tested in the simulator: scripts/misa_t_sim.py.
 
