@@ -13,7 +13,9 @@ Variants (after the colon): `method=pretrain|grpo`, `mode=q|c|energy` (energy: m
 energy-only reward w_match = 0, w_E = 1), `steps=<n>`, `seed=<n>`, `runlocal` (tiny, for tests).
 Knobs: `--config.crystal.a_frac=0.1`, `--config.crystal.a_lattice=0.5`,
 `--config.crystal.eta=1.0`, `--config.crystal.beta_full=0.01`,
-`--config.crystal.coverage=basins`, `--config.task.target=1`, `--config.task.w_energy=0.1`.
+`--config.crystal.coverage=basins`, `--config.task.target=1`, `--config.task.w_energy=0.1`,
+`--config.crystal.schedule=retain|reweight` (LeanGRPO's gradient schedules, arXiv 2609.03528:
+the same gradient without recomputing the window's forwards; mode c needs beta_full = 0 there).
 
 Settings (PROPOSAL; the paper's weights, schedules, η and β were not found): composition A2B2
 (4 atoms, 3 Lennard-Jones polymorphs, E/atom −3.638, −3.384, −3.156), target polymorph 1 (not
@@ -65,7 +67,7 @@ def get_config(arg=None):
     step_selection="first", group_size=16, prompts_per_step=4, a_frac=0.1, a_lattice=0.5,
     epsilon=1e-4, adv_clip_max=5.0, beta=0.0, beta_full=0.01 if coverage_mode else 0.0,
     eta=1.0 if coverage_mode else 0.0, coverage="max_match", dedup=coverage_mode,
-    reduction="sum"))
+    reduction="sum", schedule="native"))
   c.eval = ml_collections.ConfigDict(dict(trials=16, top_n=20, num_steps=40, kl_samples=128))
   pretrain = arg.method == "pretrain"
   c.steps = arg.steps or (3000 if pretrain else 300)

@@ -40,7 +40,7 @@ import functools
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +61,7 @@ from jaxrl_post.parallel.mesh import init_sharded
 from jaxrl_post.sampling import flow_sde
 from jaxrl_post.tasks import flow_targets as ft
 from jaxrl_post.tasks import toy_crystals as tc
-from jaxrl_post.training import loop
+from jaxrl_post.training import lean_grpo, loop
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.lean_grpo import select_steps
 from jaxrl_post.training.train_state import make_train_step
@@ -110,6 +110,7 @@ class CrystalSettings:
   dedup: bool = False
   reduction: str = "sum"
   selected: tuple[int, ...] = (0,)
+  schedule: str = "native"
 
 
 def settings_of(c) -> CrystalSettings:
@@ -134,6 +135,14 @@ def settings_of(c) -> CrystalSettings:
   for key in ("beta", "beta_full", "eta"):
     if c[key] < 0:
       raise ValueError(f"config.crystal.{key}={c[key]} must be >= 0")
+  schedule = c.get("schedule", "native")
+  if schedule not in lean_grpo.GRADIENT_SCHEDULES:
+    raise ValueError(f"config.crystal.schedule={schedule!r}; valid: "
+                     f"{', '.join(lean_grpo.GRADIENT_SCHEDULES)}")
+  if schedule != "native" and c.mode == "c" and c.beta_full:
+    raise ValueError(f"config.crystal.beta_full={c.beta_full}: the full-path KL needs every "
+                     f"step's forward, which config.crystal.schedule={schedule!r} skips; set it "
+                     "to 0 or use schedule 'native'")
   try:
     selected = select_steps(c.num_steps, c.timestep_fraction, c.step_selection)
   except ValueError as e:
@@ -142,7 +151,8 @@ def settings_of(c) -> CrystalSettings:
                          a_lattice=float(c.a_lattice), epsilon=float(c.epsilon),
                          adv_clip_max=float(c.adv_clip_max), beta=float(c.beta),
                          beta_full=float(c.beta_full), eta=float(c.eta), coverage=c.coverage,
-                         dedup=bool(c.dedup), reduction=c.reduction, selected=selected)
+                         dedup=bool(c.dedup), reduction=c.reduction, selected=selected,
+                         schedule=schedule)
 
 
 def task_of(config) -> tc.CrystalTask:
@@ -194,23 +204,27 @@ def policy_steps(apply, params, reference, traj: flow_sde.Trajectory, steps, gri
   return logp.reshape(k, b), kl.reshape(k, b)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "task", "hp"),
-                   donate_argnums=(0,))
-def crystal_update(state, reference, x_init, noise, grid, *, graphdef, optimizer,
-                   task: tc.CrystalTask, hp: CrystalSettings):
-  """SDE rollout → scores → (coverage) advantages → loss on the window (+ full KL) → update.
+class CrystalGradient(NamedTuple):
+  """One update's gradient and what the metrics need (`crystal_gradient`)."""
 
-  `x_init` `[B, D]` (B = P·G, groups contiguous), `noise` `[T, B, D]`.
-  """
-  apply = functools.partial(_apply, graphdef)
-  a = jnp.asarray(tc.noise_levels(task, hp.a_frac, hp.a_lattice))
-  wrap = tc.crystal_wrap(task)
+  grads: Any
+  loss: jax.Array
+  pg_loss: jax.Array
+  kl: jax.Array  # mean window KL_{i,t}
+  kl_sum: jax.Array  # mean_i Σ_t KL_{i,t} over the window (all T steps with beta_full)
+  adv: jax.Array  # [B]
+  x_final: jax.Array  # [B, D]
+
+
+def _native_gradient(params, reference, x_init, noise, grid, apply, a, wrap, task, hp):
+  """Rollout without gradients, then `jax.grad` over the stored transitions (the full-path KL
+  of mode c included)."""
   batch, num_steps = x_init.shape[0], noise.shape[0]
-  params_sg = jax.lax.stop_gradient(state.params)
+  a = jnp.asarray(a)
+  params_sg = jax.lax.stop_gradient(params)
   traj = flow_sde.sample_trajectory(lambda x, t: apply(params_sg, x, t), x_init, grid, a,
                                     noise=noise, reduction=hp.reduction, wrap=wrap)
-  frac, lat = tc.decode(task, traj.x[-1])
-  scores = tc.score(task, frac, lat)
+  scores = tc.score(task, *tc.decode(task, traj.x[-1]))
   num_groups = batch // hp.group_size
   group_ids = jnp.arange(batch) // hp.group_size
   adv = crystal_advantages(scores, group_ids, num_groups=num_groups, task=task, hp=hp)
@@ -231,18 +245,73 @@ def crystal_update(state, reference, x_init, noise, grid, *, graphdef, optimizer
       loss = loss + hp.beta_full * kl_full
     return loss, (aux, kl_full)
 
-  (loss, (aux, kl_full)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  state, metrics = apply_gradients(state, grads, optimizer)
+  (loss, (aux, kl_full)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return CrystalGradient(grads, loss, aux.pg_loss, aux.kl, kl_full, adv, traj.x[-1])
+
+
+def _lean_gradient(params, reference, x_init, noise, grid, apply, a, wrap, task, hp):
+  """`training.lean_grpo`'s retain / reweight schedules (no recomputation of the window's
+  forwards), with the crystal's wrap and (coverage) advantages as hooks."""
+  batch, dim = x_init.shape
+  groups, members = batch // hp.group_size, hp.group_size
+  settings = lean_grpo.FlowGRPOSettings(
+    a=tuple(float(v) for v in np.asarray(a)), epsilon=hp.epsilon, adv_clip_max=hp.adv_clip_max,
+    beta=hp.beta, reduction=hp.reduction, wrap=wrap)
+  group_ids = jnp.arange(batch) // hp.group_size
+
+  def advantage_fn(x_final, rewards):
+    del rewards
+    scores = tc.score(task, *tc.decode(task, x_final.reshape(batch, dim)))
+    adv = crystal_advantages(scores, group_ids, num_groups=groups, task=task, hp=hp)
+    return adv.reshape(groups, members)
+
+  ref_fn = (lambda x, t, c: apply(reference, x, t)) if hp.beta > 0 else None
+  out = lean_grpo.flow_grpo_gradient(
+    hp.schedule, lambda p, x, t, c: apply(p, x, t), params, ref_fn,
+    lean_grpo.Rollout(x_init.reshape(groups, members, dim),
+                      noise.reshape(noise.shape[0], groups, members, dim), None),
+    lambda x, c: tc.score(task, *tc.decode(task, x)).reward, grid=grid, selected=hp.selected,
+    settings=settings, advantage_fn=advantage_fn)
+  return CrystalGradient(out.grads, out.loss, out.loss - hp.beta * out.kl, out.kl,
+                         out.kl * len(hp.selected), out.adv.reshape(-1),
+                         out.x_final.reshape(batch, dim))
+
+
+def crystal_gradient(params, reference, x_init, noise, grid, *, graphdef,
+                     task: tc.CrystalTask, hp: CrystalSettings) -> CrystalGradient:
+  """SDE rollout → scores → (coverage) advantages → gradient of the loss on the window (+ the
+  full-path KL in mode c), by `hp.schedule`: "native" (recompute the window's forwards) or
+  LeanGRPO's "retain" / "reweight" (arXiv 2609.03528; equal gradients, |S| fewer forwards per
+  sample). `x_init` `[B, D]` (B = P·G, groups contiguous), `noise` `[T, B, D]`."""
+  apply = functools.partial(_apply, graphdef)
+  a = tc.noise_levels(task, hp.a_frac, hp.a_lattice)  # numpy: static in both paths
+  wrap = tc.crystal_wrap(task)
+  fn = _native_gradient if hp.schedule == "native" else _lean_gradient
+  return fn(params, reference, x_init, noise, grid, apply, a, wrap, task, hp)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "task", "hp"),
+                   donate_argnums=(0,))
+def crystal_update(state, reference, x_init, noise, grid, *, graphdef, optimizer,
+                   task: tc.CrystalTask, hp: CrystalSettings):
+  """`crystal_gradient`, then one optimizer update; metrics of the rollout's scores."""
+  out = crystal_gradient(state.params, reference, x_init, noise, grid, graphdef=graphdef,
+                         task=task, hp=hp)
+  state, metrics = apply_gradients(state, out.grads, optimizer)
+  scores = tc.score(task, *tc.decode(task, out.x_final))
+  batch = x_init.shape[0]
+  num_groups = batch // hp.group_size
+  group_ids = jnp.arange(batch) // hp.group_size
   hit = scores.matched[:, task.target]
   groups_hit = jax.ops.segment_max(hit.astype(jnp.float32), group_ids, num_groups)
   basins = jnp.sum(jax.ops.segment_max(
     (scores.basin[:, None] == jnp.arange(task.num_polymorphs)).astype(jnp.float32), group_ids,
     num_groups), axis=1)
-  metrics.update(loss=loss, pg_loss=aux.pg_loss, kl=aux.kl, kl_sum=kl_full,
+  metrics.update(loss=out.loss, pg_loss=out.pg_loss, kl=out.kl, kl_sum=out.kl_sum,
                  reward=jnp.mean(scores.reward), r_match=jnp.mean(scores.r_match),
                  r_energy=jnp.mean(scores.r_energy), energy=jnp.mean(scores.energy),
                  match=jnp.mean(hit.astype(jnp.float32)), group_match=jnp.mean(groups_hit),
-                 group_basins=jnp.mean(basins), adv_abs=jnp.mean(jnp.abs(adv)))
+                 group_basins=jnp.mean(basins), adv_abs=jnp.mean(jnp.abs(out.adv)))
   return state, metrics
 
 

@@ -57,6 +57,8 @@ GRADIENT_SCHEDULES: Registry = Registry("gradient_schedule")
 ApplyFn = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
 # (x_final [n, *latent], c [n] | None) -> rewards [n]
 RewardFn = Callable[[jax.Array, Any], jax.Array]
+# (x_final [G, Q, *latent], rewards [G, Q]) -> advantages [G, Q] (the default: `advantages`)
+AdvantageFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +80,10 @@ class FlowGRPOSettings:
   reduction: str = "mean"
   adv_eps: float = 1e-4
   adv_ddof: int = 0
+  # Periodic coordinates (`flow_sde.Wrap`, e.g. CrystalGRPO's fractional block): sampled
+  # states wrapped, log-probs and KLs on minimum-image displacements. Keep one instance per
+  # latent: it is hashed with the settings (a jit static argument).
+  wrap: flow_sde.Wrap | None = None
 
 
 class Rollout(NamedTuple):
@@ -179,8 +185,9 @@ def _step_fn(apply_fn: ApplyFn, settings: FlowGRPOSettings, t_cap):
     tv = jnp.full((x.shape[0],), t)
     out = flow_sde.sde_step_with_logprob(apply_fn(params, x, tv, c), t, t_next, x, settings.a,
                                          None, t_cap=t_cap, reduction=settings.reduction,
-                                         noise=xi)
-    kl = (flow_sde.step_kl(out.mean, ref_mean, out.std, reduction=settings.reduction)
+                                         noise=xi, wrap=settings.wrap)
+    kl = (flow_sde.step_kl(out.mean, ref_mean, out.std, reduction=settings.reduction,
+                           wrap=settings.wrap)
           if ref_mean is not None else jnp.zeros_like(out.logp))
     return (out.logp, kl), (out.x_next, out.mean)
 
@@ -230,24 +237,27 @@ def _prepare(rollout: Rollout, grid):
   return groups, q, x, noise.astype(jnp.float32), cond, jnp.asarray(grid, jnp.float32)
 
 
-def _finish(reward_fn, x_final, cond, groups, q, settings, axis_name):
+def _finish(reward_fn, x_final, cond, groups, q, settings, axis_name, advantage_fn=None):
   rewards = reward_fn(x_final, cond).reshape(groups, q)
-  adv = advantages(rewards, settings, axis_name)
-  return rewards, adv
+  if advantage_fn is None:
+    return rewards, advantages(rewards, settings, axis_name)
+  return rewards, advantage_fn(x_final.reshape((groups, q) + x_final.shape[1:]), rewards)
 
 
 @GRADIENT_SCHEDULES.register("native")
 def native_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout, reward_fn: RewardFn,
                     *, grid, selected: tuple[int, ...], settings: FlowGRPOSettings,
-                    axis_name: str | None = None) -> GradientOutput:
+                    axis_name: str | None = None,
+                    advantage_fn: AdvantageFn | None = None) -> GradientOutput:
   """Rollout without gradients, then `jax.grad` of the loss over the stored transitions."""
   groups, q, x, noise, cond, grid = _prepare(rollout, grid)
   n, num_steps, s = x.shape[0], noise.shape[0], len(selected)
   params_sg = jax.lax.stop_gradient(params)
   traj = flow_sde.sample_trajectory(
     lambda x, t: apply_fn(params_sg, x, t, cond), x, grid, settings.a, noise=noise,
-    reduction=settings.reduction)
-  rewards, adv = _finish(reward_fn, traj.x[-1], cond, groups, q, settings, axis_name)
+    reduction=settings.reduction, wrap=settings.wrap)
+  rewards, adv = _finish(reward_fn, traj.x[-1], cond, groups, q, settings, axis_name,
+                         advantage_fn)
   sel = jnp.asarray(selected)
   x_t = _rows(traj.x[sel], 2)  # [S·n, *latent], step-major
   x_next = _rows(traj.x[sel + 1], 2)
@@ -265,10 +275,11 @@ def native_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout, reward_
   def loss_fn(p):
     out = flow_sde.sde_step_with_logprob(apply_fn(p, x_t, t, c), t, t_next, x_t, settings.a,
                                          None, x_next=x_next, t_cap=grid[1],
-                                         reduction=settings.reduction)
+                                         reduction=settings.reduction, wrap=settings.wrap)
     kl = None
     if ref_mean is not None:
-      kl = flow_sde.step_kl(out.mean, ref_mean, out.std, reduction=settings.reduction)
+      kl = flow_sde.step_kl(out.mean, ref_mean, out.std, reduction=settings.reduction,
+                            wrap=settings.wrap)
       kl = kl.reshape(s, n).T
     loss, aux = flow_grpo_loss(out.logp.reshape(s, n).T, old_logp, adv.reshape(-1),
                                epsilon=settings.epsilon, adv_clip_max=None, kl=kl,
@@ -287,7 +298,8 @@ def native_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout, reward_
 @GRADIENT_SCHEDULES.register("retain")
 def retain_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout, reward_fn: RewardFn,
                     *, grid, selected: tuple[int, ...], settings: FlowGRPOSettings,
-                    axis_name: str | None = None) -> GradientOutput:
+                    axis_name: str | None = None,
+                    advantage_fn: AdvantageFn | None = None) -> GradientOutput:
   """`jax.vjp` at each selected step during the rollout; pullbacks applied with −Â_i later."""
   groups, q, x, noise, cond, grid = _prepare(rollout, grid)
   n, num_steps, s = x.shape[0], noise.shape[0], len(selected)
@@ -302,7 +314,8 @@ def retain_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout, reward_
     return jax.lax.stop_gradient(x_next)  # no graph across steps
 
   x_final = _rollout(apply_fn, params, x, noise, grid, selected, settings, cond, on_selected)
-  rewards, adv = _finish(reward_fn, x_final, cond, groups, q, settings, axis_name)
+  rewards, adv = _finish(reward_fn, x_final, cond, groups, q, settings, axis_name,
+                         advantage_fn)
   total = _global_rows(n * s, axis_name)
   ct_logp = -adv.reshape(-1) / total
   grads = None
@@ -381,7 +394,8 @@ def combine_provisional(adv: jax.Array, prov, *, axis_name: str | None = None,
 @GRADIENT_SCHEDULES.register("reweight")
 def reweight_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout,
                       reward_fn: RewardFn, *, grid, selected: tuple[int, ...],
-                      settings: FlowGRPOSettings, axis_name: str | None = None
+                      settings: FlowGRPOSettings, axis_name: str | None = None,
+                      advantage_fn: AdvantageFn | None = None
                       ) -> GradientOutput:
   """Per-sample provisional gradients during the rollout, Â-weighted before the one psum."""
   groups, q = rollout.x_init.shape[:2]
@@ -390,7 +404,8 @@ def reweight_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout,
   cond = _cond_rows(rollout.cond, groups, q)
   x_final, prov, kl_grad, kl_sum = reweight_provisional(
     apply_fn, params, ref_fn, rollout, grid=grid, selected=selected, settings=settings)
-  rewards, adv = _finish(reward_fn, x_final, cond, groups, q, settings, axis_name)
+  rewards, adv = _finish(reward_fn, x_final, cond, groups, q, settings, axis_name,
+                         advantage_fn)
   total = _global_rows(n * s, axis_name)
   grads = combine_provisional(adv.reshape(-1) / total, prov, axis_name=axis_name)
   if ref_fn is not None:
@@ -406,8 +421,8 @@ def reweight_gradient(apply_fn: ApplyFn, params, ref_fn, rollout: Rollout,
 
 def flow_grpo_gradient(schedule: str, apply_fn: ApplyFn, params, ref_fn, rollout: Rollout,
                        reward_fn: RewardFn, *, grid, selected: Sequence[int],
-                       settings: FlowGRPOSettings, axis_name: str | None = None
-                       ) -> GradientOutput:
+                       settings: FlowGRPOSettings, axis_name: str | None = None,
+                       advantage_fn: AdvantageFn | None = None) -> GradientOutput:
   """The one interface: `GRADIENT_SCHEDULES.get(schedule)(…)` after checking the inputs.
 
   Args:
@@ -421,8 +436,14 @@ def flow_grpo_gradient(schedule: str, apply_fn: ApplyFn, params, ref_fn, rollout
     selected: the trained steps S (indices into the T steps).
     settings: `FlowGRPOSettings`.
     axis_name: the data axis under `shard_map` (shared-prompt layout), or None.
+    advantage_fn: `(x_final [G, Q, …], rewards [G, Q]) -> Â [G, Q]` replacing the clipped
+      group z-score (e.g. CrystalGRPO's coverage advantages); single device only (it sees
+      the local samples, not a group's other ranks).
   """
   fn = GRADIENT_SCHEDULES.get(schedule)
+  if advantage_fn is not None and axis_name is not None:
+    raise ValueError("advantage_fn sees only this rank's samples of a group; it is not "
+                     f"supported under a data axis (axis_name={axis_name!r})")
   num_steps = rollout.noise.shape[0]
   if jnp.shape(grid) != (num_steps + 1,):
     raise ValueError(f"grid of shape {jnp.shape(grid)} must be [T + 1] = "
@@ -434,7 +455,7 @@ def flow_grpo_gradient(schedule: str, apply_fn: ApplyFn, params, ref_fn, rollout
     raise ValueError(f"beta={settings.beta}: give ref_fn exactly when beta != 0")
   selected = check_selected(selected, num_steps)
   return fn(apply_fn, params, ref_fn, rollout, reward_fn, grid=grid, selected=selected,
-            settings=settings, axis_name=axis_name)
+            settings=settings, axis_name=axis_name, advantage_fn=advantage_fn)
 
 
 def sharded_flow_grpo_gradient(schedule: str, apply_fn: ApplyFn, params, ref_params,

@@ -125,3 +125,55 @@ def test_kl_is_summed_over_all_denoising_steps():
     want[k] = np.sum(d ** 2 / (2 * np.asarray(jnp.broadcast_to(std, d.shape)) ** 2), axis=1)
   np.testing.assert_allclose(kl, want, rtol=1e-4)
   assert np.all(want > 0)
+
+
+@pytest.mark.parametrize("mode", ["q", "c"])
+def test_lean_schedules_give_the_native_gradient(mode):
+  """retain / reweight (training.lean_grpo with the crystal's wrap and coverage advantages as
+  hooks) give the native schedule's gradient, loss and advantages on the same noise."""
+  import dataclasses
+
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from jaxrl_post.methods import crystal_grpo as cg
+  from jaxrl_post.sampling import flow_sde
+  from jaxrl_post.tasks import toy_crystals as tc
+
+  task = tc.CrystalTask()
+  model = cg.CrystalVelocity(task.num_atoms, hidden=16, depth=2, time_dim=4, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  reference = jax.tree.map(lambda p: 1.05 * p, params)
+  steps, groups, members = 4, 2, 4
+  x_init = jax.random.normal(jax.random.key(0), (groups * members, task.dim))
+  noise = jax.random.normal(jax.random.key(1), (steps, groups * members, task.dim))
+  grid = jax.numpy.asarray(flow_sde.time_grid(steps))
+  hp = cg.CrystalSettings(mode=mode, group_size=members, beta=0.02 if mode == "q" else 0.0,
+                          eta=1.0 if mode == "c" else 0.0, dedup=mode == "c", selected=(0, 1))
+  outs = {}
+  for schedule in ("native", "retain", "reweight"):
+    outs[schedule] = jax.jit(lambda p, h=dataclasses.replace(hp, schedule=schedule):
+                             cg.crystal_gradient(p, reference, x_init, noise, grid,
+                                                 graphdef=graphdef, task=task, hp=h))(params)
+  flat = lambda g: np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])  # noqa: E731
+  want = outs["native"]
+  assert np.linalg.norm(flat(want.grads)) > 1e-4
+  for schedule in ("retain", "reweight"):
+    got = outs[schedule]
+    np.testing.assert_allclose(flat(got.grads), flat(want.grads), rtol=1e-4,
+                               atol=1e-4 * np.abs(flat(want.grads)).max())
+    np.testing.assert_allclose(got.adv, want.adv, atol=1e-5)
+    np.testing.assert_allclose(got.loss, want.loss, atol=1e-5)
+    np.testing.assert_allclose(got.kl, want.kl, rtol=1e-4, atol=1e-9)
+
+
+def test_lean_schedule_errors():
+  bad = CONFIG.get_config("runlocal")
+  bad.crystal.schedule = "lazy"
+  with pytest.raises(ValueError, match=r"config.crystal.schedule='lazy'; valid: native"):
+    CrystalGRPO(bad)
+  bad = CONFIG.get_config("runlocal,mode=c")
+  bad.crystal.schedule = "retain"
+  with pytest.raises(ValueError, match=r"config.crystal.beta_full=0.01: the full-path KL"):
+    CrystalGRPO(bad)
