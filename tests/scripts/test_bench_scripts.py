@@ -57,6 +57,12 @@ def test_bench_moe_reports_both_dispatches_and_their_agreement():
   assert rows[2]["max_abs_diff_vs_dense"] < 1e-5  # the two dispatches compute the same block
 
 
+def test_bench_crystal_schedules_match_native_gradient():
+  rows = _json_lines("bench_crystal_schedules.py", "--runlocal", "--repeats=1")
+  assert [r["schedule"] for r in rows] == ["native", "retain", "reweight"]
+  assert all(r["seconds"] > 0 and r["max_grad_diff_rel"] < 1e-4 for r in rows)
+
+
 def test_bench_scaling_matches_the_1_device_loss_on_every_layout():
   rows = _json_lines("bench_scaling.py", "--model=tiny", "--rows=4", "--prompt_len=4",
                      "--completion_len=8", "--repeats=1", "--max_devices=2")
