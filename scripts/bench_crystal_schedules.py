@@ -59,7 +59,8 @@ def main(argv):
     tic = time.perf_counter()
     compiled = fn.lower(params).compile()
     compile_seconds = time.perf_counter() - tic
-    seconds = median_seconds(lambda: jax.block_until_ready(compiled(params)), _REPEATS.value)
+    seconds = median_seconds(lambda c=compiled: jax.block_until_ready(c(params)),
+                             _REPEATS.value)
     grads = flat(compiled(params).grads)
     row = {"what": "crystal_gradient", "schedule": schedule, "mode": hp.mode, "beta": hp.beta,
            "batch": batch, "steps": c.num_steps, "selected": len(hp.selected),
