@@ -70,25 +70,13 @@ def get_config(arg=None):
     reduction="sum", schedule="native"))
   c.eval = ml_collections.ConfigDict(dict(trials=16, top_n=20, num_steps=40, kl_samples=128))
   pretrain = arg.method == "pretrain"
-  c.steps = arg.steps or (3000 if pretrain else 300)
-  c.optimizer = base_configs.optimizer_config(lr=3e-3 if pretrain else 1e-3,
-                                              warmup_steps=50 if pretrain else 0)
-  if not pretrain:
-    c.optimizer.decay_steps = 10 ** 9  # a constant rate for GRPO
-  c.log_every = 10
-  c.eval_every = 3000 if pretrain else 50
-  c.checkpoint_every = 3000 if pretrain else 50
-  c.keep_checkpoints = 1
-  c.metric_writers = "jsonl"
+  base_configs.flow_stage(c, pretrain=pretrain, steps=arg.steps or (3000 if pretrain else 300),
+                          eval_every=3000 if pretrain else 50,
+                          checkpoint_every=3000 if pretrain else 50)
   if arg.runlocal:
-    c.steps = arg.steps or (3 if pretrain else 2)
-    c.model.update(hidden=16, depth=2, time_dim=8)
-    c.pretrain_batch = 32
+    base_configs.shrink_flow_for_runlocal(c, pretrain=pretrain, steps=arg.steps)
     c.crystal.update(num_steps=4, group_size=4, prompts_per_step=2)
     c.eval.update(trials=2, top_n=4, num_steps=4, kl_samples=8)
-    c.optimizer.warmup_steps = 0
-    c.log_every = c.eval_every = c.checkpoint_every = 1
-    c.compilation_cache_dir = ""
   return c
 
 

@@ -60,26 +60,14 @@ def get_config(arg=None):
     reduction="mean"))
   c.eval = ml_collections.ConfigDict(dict(samples=1024, num_steps=40, kl_samples=256))
   pretrain = arg.method == "pretrain"
-  c.steps = arg.steps or (1500 if pretrain else 200)
-  c.optimizer = base_configs.optimizer_config(lr=3e-3 if pretrain else 1e-3,
-                                              warmup_steps=50 if pretrain else 0)
-  if not pretrain:
-    c.optimizer.decay_steps = 10 ** 9  # a constant rate for GRPO
-  c.log_every = 10
-  c.eval_every = 500 if pretrain else 20
-  c.checkpoint_every = 500 if pretrain else 100
-  c.keep_checkpoints = 1
-  c.metric_writers = "jsonl"
+  base_configs.flow_stage(c, pretrain=pretrain, steps=arg.steps or (1500 if pretrain else 200),
+                          eval_every=500 if pretrain else 20,
+                          checkpoint_every=500 if pretrain else 100)
   if arg.runlocal:
-    c.steps = arg.steps or (3 if pretrain else 2)
-    c.model.update(hidden=16, depth=2, time_dim=8)
-    c.pretrain_batch = 32
+    base_configs.shrink_flow_for_runlocal(c, pretrain=pretrain, steps=arg.steps)
     # G = 8: on the tests' fake 8-device host, one sample of each group per device.
     c.flow.update(num_steps=4, group_size=8, prompts_per_step=1)
     c.eval.update(samples=64, num_steps=4, kl_samples=16)
-    c.optimizer.warmup_steps = 0
-    c.log_every = c.eval_every = c.checkpoint_every = 1
-    c.compilation_cache_dir = ""
   return c
 
 

@@ -42,15 +42,7 @@ def get_config(arg=None):
   config.seed = arg.seed
   config.num_train_examples = 0  # the whole (label-balanced) train split
   if arg.sft:
-    config.eval_max_new_tokens = COMPLETION_LEN
-    config.steps = 300
-    config.eval_every = 100
-    config.checkpoint_every = 100
-    if arg.runlocal:
-      config.num_train_examples = 64
-      config.steps = 4
-      config.eval_every = config.checkpoint_every = 2
-      config.eval_max_new_tokens = COMPLETION_LEN
+    base_configs.sft_stage(config, completion_len=COMPLETION_LEN, runlocal=arg.runlocal)
     return config
   config.constrained_decoding = True
   # PertMind's λ values are "not found" (paper Appendix A); our suggestion.

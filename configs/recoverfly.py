@@ -60,15 +60,7 @@ def get_config(arg=None):
   config.num_train_examples = 1024
   if arg.sft:  # BC on expert programs of the head scenes only (the RL pool has them all)
     config.task_knobs = dict(knobs, train_scenes=HEAD_SCENES)
-    config.eval_max_new_tokens = COMPLETION_LEN
-    config.steps = 300
-    config.eval_every = 100
-    config.checkpoint_every = 100
-    if arg.runlocal:
-      config.num_train_examples = 64
-      config.steps = 4
-      config.eval_every = config.checkpoint_every = 2
-      config.eval_max_new_tokens = COMPLETION_LEN
+    base_configs.sft_stage(config, completion_len=COMPLETION_LEN, runlocal=arg.runlocal)
     return config
   config.constrained_decoding = True
   config.trim_completions_to = 0  # the grammar fixes the length

@@ -239,6 +239,34 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   return config
 
 
+def flow_stage(config: ml_collections.ConfigDict, *, pretrain: bool, steps: int,
+               eval_every: int, checkpoint_every: int) -> None:
+  """The schedule of a "pretrain, then GRPO" flow-policy config (configs/flow_grpo.py,
+  configs/crystal_grpo.py): flow matching at 3e-3 with 50 warm-up steps, GRPO at a constant
+  1e-3; one checkpoint kept, JSONL metrics every 10 steps."""
+  config.steps = steps
+  config.optimizer = optimizer_config(lr=3e-3 if pretrain else 1e-3,
+                                      warmup_steps=50 if pretrain else 0)
+  if not pretrain:
+    config.optimizer.decay_steps = 10 ** 9  # a constant rate for GRPO
+  config.log_every = 10
+  config.eval_every = eval_every
+  config.checkpoint_every = checkpoint_every
+  config.keep_checkpoints = 1
+  config.metric_writers = "jsonl"
+
+
+def shrink_flow_for_runlocal(config: ml_collections.ConfigDict, *, pretrain: bool,
+                             steps: int = 0) -> None:
+  """A few steps of a small velocity MLP (`flow_stage` configs): what the tests run on CPU."""
+  config.steps = steps or (3 if pretrain else 2)
+  config.model.update(hidden=16, depth=2, time_dim=8)
+  config.pretrain_batch = 32
+  config.optimizer.warmup_steps = 0
+  config.log_every = config.eval_every = config.checkpoint_every = 1
+  config.compilation_cache_dir = ""
+
+
 def shrink_sft_for_runlocal(config: ml_collections.ConfigDict) -> None:
   """A few steps of `tiny`: what the tests run on CPU."""
   config.model = "tiny"
@@ -267,6 +295,19 @@ def shrink_grpo_for_runlocal(config: ml_collections.ConfigDict) -> None:
   config.eval_pass_k = 2
   config.checkpoint_every = 2
   config.optimizer.decay_steps = 8
+
+
+def sft_stage(config: ml_collections.ConfigDict, *, completion_len: int, runlocal: bool,
+              steps: int = 300, every: int = 100) -> None:
+  """The SFT cold start of a grammar-constrained GRPO task config (configs/pertmind.py,
+  configs/recoverfly.py): `steps` steps, evaluated and checkpointed every `every`, greedy
+  evaluation over the whole `completion_len`; runlocal: 4 steps on 64 examples."""
+  config.eval_max_new_tokens = completion_len
+  config.steps, config.eval_every, config.checkpoint_every = steps, every, every
+  if runlocal:
+    config.num_train_examples = 64
+    config.steps = 4
+    config.eval_every = config.checkpoint_every = 2
 
 
 def task_config(arg, *, task: str, task_knobs: dict, prompt_len: int,
