@@ -25,16 +25,12 @@ critic's loss (`value_mask`). The critic starts from the policy's *starting* wei
 default: a model that already reads the task) with a zero head, and has its own optimizer
 (`config.critic.optimizer`; verl and OpenRLHF train the critic at 5-10× the actor's rate).
 
-Why the critic lives in the part's `array_state`. The loop owns one `TrainState`, the policy's,
-and checkpoints it sharded through orbax; a method's other state goes into `array_state()`, host
-numpy arrays that every process holds whole. The critic's parameters, Adam moments, step and
-counters are saved there, leaf by leaf, so a resumed run continues the very same critic (a
-restart equals an uninterrupted run). What it costs at scale: each checkpoint gathers the
-critic's parameters and two float32 moments onto every host (≈ 3 × 4 bytes × parameters: 7 GB for
-a 0.6B critic, 96 GB for 8B) and writes them unsharded; a large critic belongs in a second
-sharded `TrainState` that the loop checkpoints like the policy's (a change to `training.loop`,
-not made here). The critic also doubles the trainer's model memory (parameters, moments,
-activations), as in every PPO-with-critic system.
+How the critic is checkpointed. Its `TrainState` (parameters, Adam moments, step, counters)
+is the part's `sharded_state()`: the loop saves it with every checkpoint next to the policy's,
+sharded through orbax (each process writes and reads its own shards, nothing gathered on a
+host), and a resumed run continues the very same critic (a restart equals an uninterrupted
+run). The critic doubles the trainer's model memory (parameters, moments, activations), as in
+every PPO-with-critic system.
 """
 
 from __future__ import annotations
@@ -237,21 +233,14 @@ class Critic:
 
   # ---- checkpointed with the run ----
 
-  def array_state(self) -> dict[str, np.ndarray]:
-    """The critic's whole `TrainState` (parameters, optimizer state, step, RNG, counters) as
-    host numpy, one entry per leaf in tree order (module docstring: why, and the cost)."""
-    leaves = multihost.to_host(jax.tree.leaves(self.state))
-    return {f"{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
+  def sharded_state(self) -> dict[str, object]:
+    """The critic's whole `TrainState` (parameters, optimizer state, step, RNG, counters), as
+    the loop checkpoints the policy's: sharded, each process writing its own shards."""
+    return {"train_state": self.state}
 
-  def load_array_state(self, arrays) -> None:
-    """Restores `array_state()`'s leaves into the critic's state, in its shardings."""
-    leaves, treedef = jax.tree.flatten(self.state)
-    if len(arrays) != len(leaves):
-      raise ValueError(f"config.critic: the checkpoint holds {len(arrays)} critic arrays, the "
-                       f"critic has {len(leaves)}; was it saved with another model?")
-    restored = [multihost.put_global(np.asarray(arrays[f"{i:05d}"]).astype(leaf.dtype),
-                                     leaf.sharding) for i, leaf in enumerate(leaves)]
-    self.state = jax.tree.unflatten(treedef, restored)
+  def load_sharded_state(self, tree) -> None:
+    """Restores `sharded_state()` (in the critic's shardings, from the loop)."""
+    self.state = tree["train_state"]
 
 
 def build_critic(config) -> Critic | None:

@@ -614,6 +614,15 @@ class GRPO:
       if hasattr(part, "load_array_state"):
         part.load_array_state(arrays[key])
 
+  def sharded_state(self) -> dict[str, Any]:
+    return {k: part.sharded_state() for k, part in self.parts.items()
+            if hasattr(part, "sharded_state")}
+
+  def load_sharded_state(self, tree: Mapping[str, Any]) -> None:
+    for key, part in self.parts.items():
+      if hasattr(part, "load_sharded_state"):
+        part.load_sharded_state(tree[key])
+
   def rollout(self, state, records, step: int, timings: dict[str, float]):
     """`group_size` completions per record, sampled with the sampler's copy of the policy."""
     return sample_groups(self.runtime, state.params, [r["prompt"] for r in records],

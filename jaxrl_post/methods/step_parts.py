@@ -10,7 +10,8 @@ which exposes `task`, `sampler`, `scorer`, `evaluator`, `config` and the other p
   transform(method, state, batch, ctx) -> (batch, metrics)   rewrites the actor batch
   after_update(method, ctx) -> metrics         after the PPO phase
   wrap_loss(loss_fn) -> loss_fn; shared_keys   adds a loss term (and its global batch scalars)
-  array_state() / load_array_state(tree)       state checkpointed with the run
+  array_state() / load_array_state(tree)       host state checkpointed with the run
+  sharded_state() / load_sharded_state(tree)   device state checkpointed sharded (a critic)
 
 `StepContext` carries what the step has produced so far. Config sections and their parts, in
 the order they run:

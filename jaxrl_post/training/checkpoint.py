@@ -54,7 +54,9 @@ class Checkpointer:
   """A keep-N, optionally asynchronous orbax `CheckpointManager` for one pytree + JSON.
 
   A third, optional item holds a method's own arrays (`arrays`: replay buffers, calibrators,
-  bandit statistics, sampling priors): host numpy pytrees too large or too exact for JSON.
+  bandit statistics, sampling priors): host numpy pytrees too large or too exact for JSON. A
+  fourth (`sharded`) holds a method's own device arrays, saved and restored sharded like the
+  state (a second model's `TrainState`: PPO's critic).
   """
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
@@ -63,7 +65,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                            enable_async_checkpointing=async_save, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "extra", "arrays"))
+                                          item_names=("state", "extra", "arrays", "sharded"))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -72,12 +74,15 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, extra: dict[str, Any] | None = None, *,
-           arrays: Any = None, force: bool = True) -> bool:
+           arrays: Any = None, sharded: Any = None, force: bool = True) -> bool:
     """Saves `state` (a pytree of arrays), `extra` (JSON-serialisable) and, when given and not
-    empty, `arrays` (a pytree of numpy arrays, the same on every process) at `step`."""
+    empty, `arrays` (a pytree of numpy arrays, the same on every process) and `sharded` (a
+    pytree of global jax arrays, each process writing its shards) at `step`."""
     items = {"state": ocp.args.StandardSave(state), "extra": ocp.args.JsonSave(extra or {})}
     if arrays is not None and jax.tree.leaves(arrays):
       items["arrays"] = ocp.args.PyTreeSave(arrays)
+    if sharded is not None and jax.tree.leaves(sharded):
+      items["sharded"] = ocp.args.StandardSave(sharded)
     return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
 
   def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
@@ -117,6 +122,18 @@ class Checkpointer:
         raise ValueError(f"checkpoint step {step}: method array {jax.tree_util.keystr(path)} "
                          f"has shape {np.shape(got)}; the method now expects {want.shape}")
     return jax.tree.map(np.asarray, restored)
+
+  def restore_sharded(self, step: int | None, like: Any) -> Any:
+    """The `sharded` item of `step` (default latest) in the structure and shardings of `like`
+    (arrays or `jax.ShapeDtypeStruct`s); None when that step saved none."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    if not (self.directory / str(step) / "sharded").is_dir() or not jax.tree.leaves(like):
+      return None
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    return self._manager.restore(step, args=ocp.args.Composite(
+      sharded=ocp.args.StandardRestore(abstract))).sharded
 
   def restore_params(self, step: int | None, params: Any) -> Any:
     """Restores only the `params` field of a saved train state, into `params`' structure.

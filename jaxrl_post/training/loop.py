@@ -136,6 +136,11 @@ class Method(Protocol):
       (the same on every process); fixed shapes, set up by `start`.
     load_array_state(tree) -> None: restores it after a restart (called after
       `load_state_dict`, with `array_state()`'s structure).
+    sharded_state() -> pytree of global jax arrays: device state of the method's own (a
+      second model's `TrainState`, e.g. PPO's critic), checkpointed sharded like the policy's
+      state, each process writing and reading its shards only; set up by `start`.
+    load_sharded_state(tree) -> None: restores it after a restart, in `sharded_state()`'s
+      structure and shardings (called after `load_array_state`).
     optimizer(run, total_updates) -> optax.GradientTransformation: the method's own optimizer
       of the train state (per-parameter-group learning rates, frozen groups:
       `training.phases`), decayed over `total_updates`; without it the loop builds
@@ -300,6 +305,11 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
       arrays = run_setup.restore_method_arrays(run.start, checkpointer, method.array_state())
       if arrays is not None:
         method.load_array_state(arrays)
+    if hasattr(method, "sharded_state"):
+      sharded = run_setup.restore_method_sharded(run.start, checkpointer,
+                                                 method.sharded_state())
+      if sharded is not None:
+        method.load_sharded_state(sharded)
   run.writer = writer = MetricWriter.from_config(config, workdir,
                                                  resume_step=first_step if resumed else None)
   writer.write_config(config)
@@ -315,7 +325,9 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
     arrays = (jax.tree.map(np.array, method.array_state()) if hasattr(method, "array_state")
               else None)
     checkpointer.save(step, state, extra={"step": step, "method": method.state_dict()},
-                      arrays=arrays)
+                      arrays=arrays,
+                      sharded=method.sharded_state() if hasattr(method, "sharded_state")
+                      else None)
 
   # ---- Steps ----
   limit = config.max_nonfinite_streak

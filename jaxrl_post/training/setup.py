@@ -332,6 +332,15 @@ def restore_method_arrays(start: StartPoint, checkpointer: Checkpointer, like):
   return source.restore_arrays(start.step, like)
 
 
+def restore_method_sharded(start: StartPoint, checkpointer: Checkpointer, like):
+  """A resumed method's `sharded_state()` ("workdir" / "resume" starts) in `like`'s structure
+  and shardings; None for other starts or a checkpoint that saved none."""
+  if start.kind not in ("workdir", "resume"):
+    return None
+  source = checkpointer if start.kind == "workdir" else Checkpointer(start.path)
+  return source.restore_sharded(start.step, like)
+
+
 # Where a run keeps its orbax checkpoints, under its workdir.
 CHECKPOINT_DIR = "checkpoints"
 

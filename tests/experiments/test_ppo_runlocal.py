@@ -1,11 +1,12 @@
 """PPO with a critic on the one loop (configs/ppo_arith.py, runlocal): the critic's metrics are
 logged, the policy trains on per-token GAE advantages, and a stopped-and-resumed run repeats the
-uninterrupted one (the critic's parameters and Adam state are in the checkpoint's method
-arrays)."""
+uninterrupted one (the critic's parameters and Adam state are in the checkpoint's `sharded`
+item, written like the policy's state)."""
 
 import math
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -69,7 +70,14 @@ def test_ppo_resumes_exactly(tmp_path, format_writer_policy, straight):
   again = _steps(tmp_path / "resumed")
   for key in ("train/loss", *CRITIC_KEYS):
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key
-  saved, restored = method.parts["critic"].array_state(), resumed.parts["critic"].array_state()
-  assert saved.keys() == restored.keys()
-  for key in saved:
-    np.testing.assert_array_equal(restored[key], saved[key])
+  saved = method.parts["critic"].sharded_state()
+  restored = resumed.parts["critic"].sharded_state()
+  pairs = zip(jax.tree.leaves(saved), jax.tree.leaves(restored), strict=True)
+  for a, b in pairs:
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+      a, b = jax.random.key_data(a), jax.random.key_data(b)
+    assert a.sharding.is_equivalent_to(b.sharding, a.ndim)  # restored in the critic's layout
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+  # The checkpoint holds the critic as its own sharded item, not as host arrays.
+  latest = tmp_path / "resumed" / "checkpoints" / "2"
+  assert (latest / "sharded").is_dir() and not (latest / "arrays").exists()
