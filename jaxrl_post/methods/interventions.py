@@ -306,17 +306,22 @@ class Interventions:
     records = ctx.records
     b_size = len(records)
     pool = np.asarray([int(r["index"]) for r in records])
+    # A call-time import: `methods.grpo` imports the step parts, this module among them.
+    from jaxrl_post.methods.grpo import reward_matrix
+
     weights = np.asarray(method.objective.reward_weights, np.float32)
-    names = method.objective.reward_names
 
-    def scalar(correct, fmt):
-      cols = {"correct": correct, "format": fmt}
-      stacked = np.stack([np.asarray(cols[n], np.float32) for n in names], axis=1)
-      return np.asarray(combine_rewards(jnp.asarray(stacked), jnp.asarray(weights)).reward)
+    def scalar(matrix):
+      return np.asarray(combine_rewards(jnp.asarray(matrix), jnp.asarray(weights)).reward)
 
-    reward = scalar(ctx.verified.correct, ctx.verified.format)
     rollout = multihost.to_host({"logp": ctx.rollout.logp,
                                  "completion_mask": ctx.rollout.completion_mask})
+    fresh = ctx.verified.rewards
+    if fresh is None:
+      fresh = reward_matrix(method.objective, ctx.verified.correct, ctx.verified.format,
+                            config, lengths=np.asarray(rollout["completion_mask"]).sum(axis=1))
+    fresh = np.asarray(fresh, np.float32)
+    reward = scalar(fresh)
     stats = group_stats(reward, rollout["logp"], rollout["completion_mask"], g)
     decision = self.decide(stats, pool, seed=config.seed, step=ctx.step)
     if self.params is None:
@@ -330,7 +335,11 @@ class Interventions:
         slot_records[decision.slot[b]] = records[b]
     correct, fmt, _ = rewards_for(method.task, slot_records, texts, self.max_m,
                                   timeout_s=config.reward_timeout_s)
-    extra_reward = np.where(valid, scalar(correct, fmt), np.nan).astype(np.float32)
+    # The same reward columns as the fresh rows' (an "overlong" column from these rows' lengths).
+    extra_matrix = reward_matrix(method.objective, correct, fmt, config,
+                                 lengths=np.asarray(extra["completion_mask"]).sum(axis=1))
+    extra_matrix = np.where(valid[:, None], extra_matrix, np.nan).astype(np.float32)
+    extra_reward = np.where(valid, scalar(extra_matrix), np.nan).astype(np.float32)
     owner = np.full(self.extra_rows, b_size, np.int32)  # unused rows: a dummy group
     for b in range(b_size):
       if decision.slot[b] >= 0:
@@ -339,14 +348,10 @@ class Interventions:
           valid[s * self.max_m:(s + 1) * self.max_m], b, b_size)
     out = self.update(decision, reward, extra_reward, owner, extra["completion_mask"], pool)
     # GRPO over the enlarged groups: fresh rows and the extra rows of their group.
-    all_rewards = np.concatenate([
-      np.stack([np.asarray(ctx.verified.correct, np.float32),
-                np.asarray(ctx.verified.format, np.float32)], axis=1),
-      np.stack([np.where(valid, correct, np.nan), np.where(valid, fmt, np.nan)], axis=1)])
-    cols = [{"correct": 0, "format": 1}[n] for n in names]
+    all_rewards = np.concatenate([fresh, extra_matrix])
     group_ids = np.concatenate([np.asarray(ctx.rollout.group_ids, np.int32), owner])
     adv = np.asarray(method.objective.advantage_fn(
-      jnp.asarray(all_rewards[:, cols]), jnp.asarray(group_ids), num_groups=b_size + 1,
+      jnp.asarray(all_rewards), jnp.asarray(group_ids), num_groups=b_size + 1,
       eps=config.advantage_eps, reward_weights=method.objective.reward_weights))
     fresh_rows = b_size * g
     extra_batch = {k: extra[k] for k in ("prompt_tokens", "prompt_mask", "completion_tokens")}
@@ -460,8 +465,4 @@ def build_interventions(config):
   knobs = config.get("intervention")
   if knobs is None or knobs.mode == "none":
     return None
-  if "overlong" in config.reward_weights:
-    # The extra rows' rewards are rebuilt here from the verifier's two columns.
-    raise ValueError("config.intervention with config.reward_weights naming 'overlong': the "
-                     "enlarged groups score correct / format only; drop one of them")
   return Interventions(config)

@@ -112,3 +112,17 @@ def test_config_variants_and_sweep_build():
   assert "rail/extra_tokens" in CONFIG.metrics()
   with pytest.raises(ValueError, match="mode='bogus'"):
     CONFIG.get_config("mode=bogus")
+
+
+def test_rail_scores_the_extra_rows_with_the_overlong_column(tmp_path, format_writer_policy):
+  # DAPO's length penalty as a third reward column: the enlarged groups' extra rows get it
+  # from their own lengths (window 4..8 tokens of the runlocal max_new_tokens).
+  config = _config(init_from=str(format_writer_policy), steps=2)
+  config.reward_weights = dict(correct=1.0, format=0.1, overlong=1.0)
+  config.overlong = dict(max_len=config.max_new_tokens, cache_len=config.max_new_tokens // 2)
+  method = _train(config, tmp_path / "overlong")
+  records = _records(tmp_path / "overlong")
+  assert [r["step"] for r in records] == [1, 2]
+  assert sum(r["rail/extra_rows"] for r in records) > 0
+  assert all(math.isfinite(r["train/loss"]) and math.isfinite(r["rail/gain"]) for r in records)
+  assert int(method.parts["intervention"].bandit.count) == 2 * config.prompts_per_step
