@@ -75,8 +75,10 @@ def fmt(values):
 
 
 def runtime(root, run, seeds):
-  secs = [float((root / f"s{s}" / run / "done").read_text()) for s in seeds
-          if (root / f"s{s}" / run / "done").exists()]
+  """Mean seconds per run from the `done` markers that hold them (an empty marker: unknown)."""
+  texts = [(root / f"s{s}" / run / "done").read_text().strip() for s in seeds
+           if (root / f"s{s}" / run / "done").exists()]
+  secs = [float(t) for t in texts if t]
   return f"{np.mean(secs):.0f}" if secs else "–"
 
 
