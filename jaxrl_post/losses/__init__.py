@@ -130,7 +130,10 @@ from jaxrl_post.losses.ocsd import observation_calibration as observation_calibr
 from jaxrl_post.losses.ocsd import ocsd_advantages as ocsd_advantages
 from jaxrl_post.losses.ocsd import select_uncertain_steps as select_uncertain_steps
 from jaxrl_post.losses.ocsd import step_uncertainty as step_uncertainty
+from jaxrl_post.losses.oprd import OPRDAlignment as OPRDAlignment
 from jaxrl_post.losses.oprd import OPRDLambda as OPRDLambda
+from jaxrl_post.losses.oprd import oprd_alignment as oprd_alignment
+from jaxrl_post.losses.oprd import oprd_alignment_metrics as oprd_alignment_metrics
 from jaxrl_post.losses.oprd import oprd_direction as oprd_direction
 from jaxrl_post.losses.oprd import oprd_lambda as oprd_lambda
 from jaxrl_post.losses.oprd import oprd_support as oprd_support

@@ -21,6 +21,8 @@ Pieces (all pure, jittable, any leading shape `[...]`, usually `[batch, time]` o
   oprd_support_from_logits(logits, tokens)  the same from sg(logits) top-K
   oprd_direction(lp_T, lp_Tref, slot_mask)  unit direction d on the support [..., K+1]
   oprd_transform(logits, ids, d, ...)       identity forward; backward c̃ = (I + λ d dᵀ) c
+  oprd_alignment(d, support_logp, ...)      u_t, cos(d_t, g_t) and λ_t at the rollout policy
+  oprd_alignment_metrics(alignment, ...)    the step's aligned share and correction size
 
 `oprd_transform` is an identity on the logits with a custom VJP. The cotangent of a loss to be
 minimised is c = ∂L/∂z = −g (up to a positive normaliser, which changes neither u's sign nor
@@ -346,3 +348,119 @@ def oprd_transform(
   tok = jax.lax.stop_gradient((token_mask > 0).astype(jnp.float32))
   return _identity_with_correction(logits, ids, d, jax.lax.stop_gradient(lam_pos),
                                    jax.lax.stop_gradient(lam_neg), tok)
+
+
+class OPRDAlignment(NamedTuple):
+  """First-order OPRD diagnostics per position (`oprd_alignment`); float32 `[...]` each."""
+
+  u: jax.Array  # u_t = d_tᵀ g_t.
+  cos: jax.Array  # u_t / ‖g_t restricted to the support‖; 0 where that is 0.
+  lam: jax.Array  # λ_t of Eq. 2.8 (λ₊ if u_t ≥ 0 else λ₋), 0 at masked positions.
+  active: jax.Array  # 1 where the position is corrected at all (mask, A ≠ 0, d ≠ 0).
+
+
+def oprd_alignment(
+    direction: jax.Array,
+    support_logp: jax.Array,
+    slot_mask: jax.Array,
+    adv: jax.Array,
+    lam_pos: ArrayLike,
+    lam_neg: ArrayLike,
+    token_mask: jax.Array | None = None,
+    *,
+    eps: float = 1e-12,
+) -> OPRDAlignment:
+  """How the policy gradient lines up with the teacher shift, from the rollout's scores.
+
+  OPRD's correction acts inside the backward pass, where nothing is logged. At the rollout
+  policy (ratio 1, inside the clip range: the first update of an on-policy step) the ascent
+  gradient of the token's policy-gradient term A_t log π(y_t|s_t) with respect to its logits is
+  known in closed form, g_t = A_t (e_{y_t} − p_t), so its projection on the direction needs
+  only the student's probabilities on the support (slot 0 = y_t, then top-K):
+
+    g_t[s] = A_t (1[s = 0] − p_t[s]),   u_t = Σ_s d_t[s] g_t[s],   cos_t = u_t / ‖g_t|_S‖
+
+  The correction adds λ_t u_t d_t, so ‖Δg_t‖ / ‖g_t‖ = λ_t |u_t| / ‖g_t‖ ≤ λ_t |cos_t| (the full
+  gradient has mass outside the support too). Later mini-batches of the same rollout, PPO
+  clipping and the positive token-mean normaliser change g's scale, not these first-order
+  quantities' meaning; they are diagnostics, not part of the loss.
+
+  Args:
+    direction: `[..., S]` unit direction on the support (`oprd_direction`).
+    support_logp: `[..., S]` the rollout policy's log-probs on the support ids (slot 0 the
+      sampled token's), e.g. `concat(old.logp[..., None], old.topk_logp)`.
+    slot_mask: `[..., S]` valid support slots (`oprd_support`).
+    adv: the advantage per sequence `[B]` or per position `[...]` (broadcast on the right).
+    lam_pos, lam_neg: λ₊ and λ₋ of the update (`oprd_lambda`).
+    token_mask: optional `[...]` response mask.
+    eps: below this ‖g_t|_S‖ counts as 0.
+
+  Returns:
+    `OPRDAlignment(u, cos, lam, active)`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> d = jnp.array([[2 ** -0.5, -(2 ** -0.5)]])  # p = (¼, ¼) on the support, A = 1
+    >>> out = oprd_alignment(d, jnp.log(jnp.array([[0.25, 0.25]])), jnp.array([[True, True]]),
+    ...                      jnp.array([1.0]), 0.5, 0.0)
+    >>> round(float(out.u[0]), 4), round(float(out.cos[0]), 4), float(out.lam[0])
+    (0.7071, 0.8944, 0.5)
+
+  References:
+    Park et al., On-Policy Reverse Distillation, arXiv 2609.08798, Eq. 2.5–2.8.
+  """
+  direction = jnp.asarray(direction, jnp.float32)
+  support_logp = jnp.asarray(support_logp, jnp.float32)
+  slot_mask = jnp.asarray(slot_mask)
+  _check_leading("support_logp", support_logp, direction.shape, "direction's")
+  _check_leading("slot_mask", slot_mask, direction.shape, "direction's")
+  lead = direction.shape[:-1]
+  adv = jnp.asarray(adv, jnp.float32)
+  if adv.ndim > len(lead) or adv.shape != lead[:adv.ndim]:
+    raise ValueError(f"adv has shape {tuple(adv.shape)}; expected a prefix of the positions "
+                     f"{tuple(lead)} (per sequence or per position)")
+  adv = adv.reshape(adv.shape + (1,) * (len(lead) - adv.ndim))
+  mask = (jnp.ones(lead, bool) if token_mask is None else jnp.asarray(token_mask) > 0)
+  _check_leading("token_mask", mask, lead, "the positions'")
+  valid = (slot_mask > 0) & mask[..., None]
+  first = jnp.arange(direction.shape[-1]) == 0
+  g = jnp.where(valid, adv[..., None] * (first - jnp.exp(support_logp)), 0.0)
+  d = jnp.where(valid, direction, 0.0)
+  u = jnp.sum(d * g, axis=-1)
+  norm = jnp.sqrt(jnp.sum(jnp.square(g), axis=-1))
+  cos = jnp.where(norm > eps, u / jnp.maximum(norm, eps), 0.0)
+  lam = jnp.where(u >= 0, jnp.asarray(lam_pos, jnp.float32), jnp.asarray(lam_neg, jnp.float32))
+  active = mask & (norm > eps) & (jnp.sum(jnp.abs(d), axis=-1) > 0)
+  lam = jnp.where(mask, lam, 0.0)
+  return OPRDAlignment(u, cos, lam, active.astype(jnp.float32))
+
+
+def oprd_alignment_metrics(alignment: OPRDAlignment,
+                           token_mask: jax.Array | None = None) -> dict[str, float]:
+  """The step's OPRD diagnostics, means over the corrected positions (`active`).
+
+    oprd/aligned_frac          share with u_t ≥ 0 (teacher-aligned, λ₊ branch)
+    oprd/cos_abs_mean          mean |cos(d_t, g_t)| on the support
+    oprd/rel_correction_mean   mean λ_t |cos_t|: an upper bound on mean ‖Δg_t‖ / ‖g_t‖
+    oprd/active_frac           share of the response positions (`token_mask`; default all)
+                               corrected at all
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> a = OPRDAlignment(jnp.array([1.0, -1.0, 0.0]), jnp.array([0.5, -0.25, 0.0]),
+    ...                   jnp.array([0.5, 0.1, 0.5]), jnp.array([1.0, 1.0, 0.0]))
+    >>> {k: round(v, 4) for k, v in oprd_alignment_metrics(a).items()}
+    {'oprd/aligned_frac': 0.5, 'oprd/cos_abs_mean': 0.375, 'oprd/rel_correction_mean': 0.1375, \
+'oprd/active_frac': 0.6667}
+  """
+  active = jnp.asarray(alignment.active, jnp.float32)
+  count = jnp.maximum(jnp.sum(active), 1.0)
+  positions = (jnp.ones_like(active) if token_mask is None
+               else (jnp.asarray(token_mask) > 0).astype(jnp.float32))
+  mean = lambda x: float(jnp.sum(active * x) / count)
+  return {
+    "oprd/aligned_frac": mean(alignment.u >= 0),
+    "oprd/cos_abs_mean": mean(jnp.abs(alignment.cos)),
+    "oprd/rel_correction_mean": mean(alignment.lam * jnp.abs(alignment.cos)),
+    "oprd/active_frac": float(jnp.sum(active) / jnp.maximum(jnp.sum(positions), 1.0)),
+  }

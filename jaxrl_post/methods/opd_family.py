@@ -483,6 +483,19 @@ class OPDFamily:
                 oprd_lam_pos=np.full(shape, float(lam.lam_pos), np.float32),
                 oprd_lam_neg=np.full(shape, float(lam.lam_neg), np.float32))
 
+  @staticmethod
+  def oprd_alignment(batch, old) -> dict[str, float]:
+    """OPRD's first-order diagnostics at the rollout policy (`losses.oprd_alignment`): the share
+    of corrected tokens whose gradient points along the teacher shift, and the correction's
+    size relative to the gradient. The backward pass itself logs nothing."""
+    support_logp = np.concatenate([np.asarray(multihost.to_host(old.logp))[..., None],
+                                   np.asarray(multihost.to_host(old.topk_logp))], axis=-1)
+    mask = batch["completion_mask"]
+    alignment = losses.oprd_alignment(
+      batch["oprd_direction"], support_logp, batch["oprd_slot_mask"], batch["adv"],
+      batch["oprd_lam_pos"], batch["oprd_lam_neg"], mask)
+    return losses.oprd_alignment_metrics(alignment, mask)
+
   def commit_tv(self, updates: Sequence[Mapping[str, Any]]) -> None:
     """TV-OPD: keeps the step's proposed scheduler state only if every update of the phase
     had a finite loss and gradient norm (`skipped` = 0); a skipped step leaves it as it was."""
@@ -545,6 +558,8 @@ class OPDFamily:
 
     record = step_record(updates, rollout, old.logp, verified, batch["completion_mask"], timings)
     record.update(distill_metrics)
+    if spec.kind == "oprd":
+      record.update(self.oprd_alignment(batch, old))
     mask, adv = batch["completion_mask"], np.asarray(adv)
     record["distill/adv_abs_mean"] = _masked_mean(
       np.abs(adv if adv.ndim == 2 else adv[:, None] * np.ones_like(mask)), mask)

@@ -147,6 +147,10 @@ def test_every_method_runs_with_finite_metrics(models, method, arg, tmp_path):
     assert all("distill/teacher_gap_mean" in r for r in train)
   if method == "tgopd":
     assert all(0.0 <= r["distill/gate_open_frac"] <= 1.0 for r in train)
+  if method == "oprd":  # the alignment diagnostics (losses.oprd_alignment) reach the metrics
+    assert all(0.0 <= r["oprd/aligned_frac"] <= 1.0 for r in train)
+    assert max(r["oprd/active_frac"] for r in train) > 0.0
+    assert all(0.0 <= r["oprd/rel_correction_mean"] <= 0.5 for r in train)  # λ|cos|, λ ≤ 0.5
   if method == "opd_then_rl":
     phases = [r["distill/opd_phase"] for r in train]
     assert phases[0] == 1.0 and phases[-1] == 0.0  # 3 steps: S = 1 (fixed, or the budget)

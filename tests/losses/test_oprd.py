@@ -12,6 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_post.losses import oprd, policy_loss
 from jaxrl_post.losses.oprd import (
+  oprd_alignment,
+  oprd_alignment_metrics,
   oprd_direction,
   oprd_lambda,
   oprd_support,
@@ -204,6 +206,46 @@ def test_support_and_direction_golden():
   np.testing.assert_allclose(oprd_direction(zt[sl], zr[sl], np.ones(5, bool)),
                              oprd_direction(ls(zt)[sl], ls(zr)[sl], np.ones(5, bool)),
                              rtol=1e-5, atol=1e-6)
+
+
+def test_alignment_matches_the_real_cotangent_at_ratio_one():
+  # At the rollout policy (old_logp = current, ratio 1 inside the clip range) the PPO loss's
+  # logit cotangent is −(positive normaliser)·A(e_y − p); oprd_alignment's closed form must give
+  # the same sign of u, the same cosine on the support and the λ branch the backward pass takes.
+  r = _batch(seed=5)
+  z = jnp.asarray(r["z"])
+  logp_all = np.asarray(jax.nn.log_softmax(z), np.float64)
+  r["old_logp"] = np.take_along_axis(logp_all, r["tokens"][..., None], -1)[..., 0].astype(
+      np.float32)
+  g = -np.asarray(_ppo_grad(z, r, 0.0, 0.0, transform=False), np.float64)
+  g_support = np.where(r["slot_mask"], np.take_along_axis(g, r["ids"], -1), 0.0)
+  u_real = np.sum(g_support * r["d"], -1)
+  norm = np.linalg.norm(g_support, axis=-1)
+  support_logp = np.take_along_axis(logp_all, r["ids"], -1)
+  out = jax.jit(oprd_alignment)(r["d"], support_logp, r["slot_mask"], r["adv"], 0.5, 0.2,
+                                r["mask"])
+  active = np.asarray(out.active) > 0
+  assert active.sum() >= 10 and not active[~r["mask"]].any()
+  np.testing.assert_array_equal(np.sign(np.asarray(out.u))[active], np.sign(u_real)[active])
+  np.testing.assert_allclose(np.asarray(out.cos)[active], (u_real / norm)[active], rtol=1e-4,
+                             atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(out.lam)[active],
+                                np.where(u_real >= 0, 0.5, 0.2).astype(np.float32)[active])
+  # The correction's size per position: ‖g̃ − g‖ = λ|u| ≤ λ|cos|·‖g‖ on the whole vocabulary.
+  g_tilde = -np.asarray(_ppo_grad(z, r, 0.5, 0.2), np.float64)
+  rel = np.linalg.norm(g_tilde - g, axis=-1) / np.maximum(np.linalg.norm(g, axis=-1), 1e-30)
+  bound = np.asarray(out.lam) * np.abs(np.asarray(out.cos))
+  np.testing.assert_array_less(rel[active], bound[active] + 1e-6)
+  metrics = oprd_alignment_metrics(out, r["mask"])
+  np.testing.assert_allclose(metrics["oprd/aligned_frac"], np.mean(u_real[active] >= 0))
+  np.testing.assert_allclose(metrics["oprd/active_frac"], active.sum() / r["mask"].sum())
+  assert 0.0 < metrics["oprd/aligned_frac"] < 1.0
+  # Per-position advantages broadcast the same way; a bad one names the argument.
+  per_pos = np.broadcast_to(r["adv"][:, None], r["mask"].shape)
+  np.testing.assert_allclose(oprd_alignment(r["d"], support_logp, r["slot_mask"], per_pos, 0.5,
+                                            0.2, r["mask"]).u, out.u, rtol=1e-6)
+  with pytest.raises(ValueError, match="adv"):
+    oprd_alignment(r["d"], support_logp, r["slot_mask"], r["adv"][:2], 0.5, 0.2)
 
 
 def test_bad_shapes_raise():
