@@ -4,6 +4,8 @@ One step: `batch_size` (prompt, demonstration) records from this process's data 
 gathered into the global batch, tokenised (prompts left-padded, demonstrations right-padded,
 EOS appended) and one update of the token-mean NLL (`losses.nll_loss`) over the
 demonstration tokens. Evaluation: held-out greedy accuracy (and pass@k) from the sampler.
+With `config.sft_views` some rows are shown with an instruction line or a golden negative to
+fix (`methods.sft_views`: the cold start ICE and ReflectRL need).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from jaxrl_post.methods import sft_views
 from jaxrl_post.methods.grpo import TaskEvaluator, global_records, task_loader
 from jaxrl_post.parallel.mesh import put_batch
 from jaxrl_post.sampling import Sampler
@@ -34,6 +39,8 @@ class SFT:
   def build_model(self, run: loop.Run):
     self.task, self.tokenizer, _, self.model = run_setup.build_run(
       self.config, str(run.workdir), run.train_mesh, run.train_rules)
+    if sft_views.active(self.config):
+      sft_views.validate_views(self.config, self.task)
     return self.model
 
   def start(self, run: loop.Run, state) -> None:
@@ -60,13 +67,22 @@ class SFT:
 
   def step(self, state, step: int):
     config, run = self.config, self.run
-    records = global_records(self.data_iter, ("prompt", "demonstration"))
-    batch = encode_pairs(self.tokenizer, [r["prompt"] for r in records],
-                         [r["demonstration"] for r in records], prompt_len=config.prompt_len,
+    views_on = sft_views.active(config)  # views read the whole record (meta, index)
+    records = global_records(self.data_iter, None if views_on else ("prompt", "demonstration"))
+    prompts = [r["prompt"] for r in records]
+    demos = [r["demonstration"] for r in records]
+    views = {}
+    if views_on:
+      prompts, demos, which = sft_views.apply_views(records, self.task, config.sft_views,
+                                                    seed=config.seed, step=step)
+      views = {f"sft/{name}_frac": float(np.mean(which == i))
+               for i, name in enumerate(sft_views.VIEWS)}
+    batch = encode_pairs(self.tokenizer, prompts, demos, prompt_len=config.prompt_len,
                          completion_len=config.completion_len)
     state, metrics = self.step_fn(state, put_batch(ppo.with_normalizers(batch), run.train_mesh,
                                                    run.train_rules))
-    return state, {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
+    record = {f"train/{k}": v for k, v in run_setup.host_metrics(metrics).items()}
+    return state, record | views
 
   def evaluate(self, state, step: int) -> dict[str, float]:
     record = self.evaluator(state.params, step)

@@ -118,6 +118,21 @@ class ArithmeticTask(base.Task):
       return base.Reward(0.0, 0.0)
     return base.Reward(float(given == int(record["answer"])), 1.0)
 
+  def exact_demonstration(self, record: Mapping[str, Any]) -> str:
+    """The worked solution of `record` without slips, whatever `demo_slip` is: a careful
+    teacher's demonstration (the record's own when `demo_slip` = 0).
+
+    Examples:
+      >>> task = ArithmeticTask(demo_slip=1.0)
+      >>> print(task.exact_demonstration({"meta": '{"expression":"47+38"}'}))
+      47+38: 7+8+0=15, 4+3+1=8
+      47+38=85
+      #### 85
+    """
+    operands, operators = _parse(base.parse_meta(record)["expression"])
+    value, steps = _worked_solution(operands, operators)
+    return "\n".join([*steps, f"{base.FINAL_ANSWER_MARKER} {value}"])
+
   def golden_negative(self, record: Mapping[str, Any], *, seed: int | None = None) -> str | None:
     """A golden negative trajectory o⁻ for `record` (ReflectRL, arXiv 2608.03972): the exact
     worked solution with exactly one carry / borrow / product carry dropped, in the format of

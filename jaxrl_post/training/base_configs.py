@@ -154,6 +154,11 @@ def sft_base() -> ml_collections.ConfigDict:
   config.eval_at_start = False
   # > 0: stop early once a held-out evaluation reaches this greedy accuracy (methods/sft.py).
   config.stop_at_accuracy = 0.0
+  # Prompt views (methods/sft_views.py): shares of rows shown with an instruction line (ICE)
+  # or a golden negative to fix (ReflectRL), both learning the exact solution; 0: bare only.
+  config.sft_views = ml_collections.ConfigDict(dict(
+    hint_frac=0.0, hints=(), reflect_frac=0.0, reflect_slip="random",
+    reflect_template="{prompt}A wrong solution:\n{negative}\nFind the error, then answer:\n"))
   return config
 
 
