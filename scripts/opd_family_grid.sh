@@ -10,7 +10,8 @@
 #   grpo                          the RL baseline (no teacher)
 #   opd[S] tv_opd[S] tv_sign[S]   raw OPD, TV-OPD (c_k · sign Δ), the sign-only ablation
 #   opd_then_rl[S]                OPD for the first half of the budget, then GRPO
-#   joint:kdrl[S] joint:hdpo[S]   two of OPD-then-RL's joint baselines at the same budget
+#   joint:<b>[S]                  OPD-then-RL's seven joint baselines (its Table 1) at the same
+#                                 budget: kdrl, kdrl_mask, srpo, hdpo, trrd, rlsd, kdrl_annealing
 #   opd[W] oprd[W] opdvr[W]       OPRD's weak-to-strong setting; OPDVR with an often-wrong teacher
 #   oprd_lambda0[W]               OPRD with λ = 0 (its paper's ablation: the same PPO loss and
 #                                 group-centred advantage, no correction)
@@ -32,8 +33,10 @@ EVAL_EXAMPLES=${EVAL_EXAMPLES:-256}
 WEAK_FROM=${WEAK_FROM:-200}
 WEAK_STEPS=${WEAK_STEPS:-20}
 JOBS=${JOBS:-1}
-ALL_ROWS="grpo opd:S tv_opd:S tv_sign:S opd_then_rl:S joint:kdrl:S joint:hdpo:S opd:W oprd:W \
-opdvr:W joint:kdrl:W oprd_lambda0:W tgopd:W grpd:W"
+JOINT_ROWS="joint:kdrl:S joint:kdrl_mask:S joint:srpo:S joint:hdpo:S joint:trrd:S joint:rlsd:S \
+joint:kdrl_annealing:S"
+ALL_ROWS="grpo opd:S tv_opd:S tv_sign:S opd_then_rl:S $JOINT_ROWS opd:W oprd:W opdvr:W \
+joint:kdrl:W oprd_lambda0:W tgopd:W grpd:W"
 ROWS=${ROWS:-$ALL_ROWS}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"

@@ -91,7 +91,7 @@ def test_grid_rows_are_valid_configs(tmp_path):
                        capture_output=True, text=True, env=env, check=True, timeout=60).stdout
   commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
   runs = [c for c in commands if "experiments/opd_family.py" in c]
-  assert len(runs) == 14 * 2, out
+  assert len(runs) == 19 * 2, out
   assert any("experiments/quickstart.py" in c for c in commands)
   config_module = load_module(ROOT / "configs" / "opd_family.py", "opd_family_config")
   methods = set()
@@ -105,4 +105,5 @@ def test_grid_rows_are_valid_configs(tmp_path):
     methods.add(opd_family.validate_distill(config).name)
     assert flags["config.steps"] == "40" and flags["config.eval_examples"] == "256"
   assert methods == {"grpo", "opd", "tv_opd", "opd_then_rl", "joint:kdrl", "joint:hdpo", "oprd",
-                     "opdvr", "tgopd", "grpd"}
+                     "joint:kdrl_mask", "joint:srpo", "joint:trrd", "joint:rlsd",
+                     "joint:kdrl_annealing", "opdvr", "tgopd", "grpd"}
