@@ -61,8 +61,9 @@ def get_config(arg=None):
   if config.method == SFT and not arg.steps and not arg.runlocal:
     # 800 steps (kv_lookup's) leave the student on the copying plateau here (greedy success 0
     # at K = 2); 1600 give 0.15-0.50 over 3 seeds at K = 2, but at K = 4 two of three seeds
-    # were still on it (0.000, 0.008) and needed `steps=3200` (0.570, 0.367; docs/results.md,
-    # "RTPO"): check the cold start's greedy success before RL.
+    # were still on it (0.000, 0.008) and needed `steps=3200` (0.570, 0.367), and at K = 6
+    # seeds needed 3200, 4800 and 6400 (docs/results.md, "RTPO"): check the cold start's
+    # greedy success before RL and resume with more steps while it is below 0.1.
     config.steps = 1600
   return config
 
