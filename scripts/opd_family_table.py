@@ -47,6 +47,9 @@ _PLOTS = flags.DEFINE_string("plots", None, "directory for the plots", flag_valu
 
 TEACHERS = {"S": "strong", "W": "weak", "none": "—"}
 ACC = "eval/accuracy"
+# arXiv 2609.04108's Table 1 joint baselines (the grid's joint:<name>:S rows) and their names.
+JOINT_LABELS = {"kdrl": "KDRL", "hdpo": "HDPO", "kdrl_mask": "KDRL-mask", "srpo": "SRPO",
+                "trrd": "TRRD", "rlsd": "RLSD", "kdrl_annealing": "KDRL-annealing"}
 # The grid's questions as paired comparisons (row, against row): last-step greedy accuracy on
 # the same prompts, same seed.
 QUESTIONS = (
@@ -56,13 +59,8 @@ QUESTIONS = (
   ("tv_sign_S", "opd_S", "sign-only OPD vs raw OPD"),
   ("tv_opd_S", "opd_S", "TV-OPD vs raw OPD"),
   ("tv_opd_S", "tv_sign_S", "TV-OPD's coefficient c_k vs plain sign"),
-  ("opd_then_rl_S", "joint_kdrl_S", "sequential OPD → GRPO vs KDRL (joint)"),
-  ("opd_then_rl_S", "joint_hdpo_S", "sequential OPD → GRPO vs HDPO (joint)"),
-  ("opd_then_rl_S", "joint_kdrl_mask_S", "sequential OPD → GRPO vs KDRL-mask (joint)"),
-  ("opd_then_rl_S", "joint_srpo_S", "sequential OPD → GRPO vs SRPO (joint)"),
-  ("opd_then_rl_S", "joint_trrd_S", "sequential OPD → GRPO vs TRRD (joint)"),
-  ("opd_then_rl_S", "joint_rlsd_S", "sequential OPD → GRPO vs RLSD (joint)"),
-  ("opd_then_rl_S", "joint_kdrl_annealing_S", "sequential OPD → GRPO vs KDRL-annealing (joint)"),
+  *(("opd_then_rl_S", f"joint_{name}_S", f"sequential OPD → GRPO vs {label} (joint)")
+    for name, label in JOINT_LABELS.items()),
   ("opd_then_rl_S", "opd_S", "OPD → GRPO vs OPD throughout"),
   ("opdvr_W", "opd_W", "OPDVR's gate vs OPD, an often-wrong teacher"),
   ("opdvr_W", "grpo_none", "OPDVR with an often-wrong teacher vs GRPO"),
