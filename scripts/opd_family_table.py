@@ -15,10 +15,16 @@ evaluation, and writes one row per method × teacher:
   * method diagnostics: TV-OPD's coefficient c_k at the first and last step, the mean
     |advantage|, minutes per run;
 
-then the grid's questions (`QUESTIONS`) as paired differences between two rows, seed by seed.
+then the grid's questions (`QUESTIONS`) as paired differences between two rows, seed by seed,
+and, for the OPRD rows that logged them, OPRD's first-order alignment diagnostics
+(`OPRD_METRICS`, each averaged over a run's steps, then mean ± std over seeds). The footer gives
+each teacher's accuracy and, for the weak teacher, the accuracy of its pre-RL reference (the
+weak run's step-0 evaluation): the size of the RL shift OPRD's direction comes from.
 
-Plots: `opd_family_accuracy.png` (held-out accuracy over steps, mean over seeds, per row) and
-`opd_family_tv.png` (TV-OPD's c_k and TV estimate over steps, per seed).
+Plots: `opd_family_accuracy.png` (held-out accuracy over steps, mean over seeds, per row),
+`opd_family_tv.png` (TV-OPD's c_k and TV estimate over steps, per seed) and
+`opd_family_oprd.png` (OPRD's aligned share and relative correction over steps, per row and
+seed) when those rows ran.
 """
 
 from __future__ import annotations
@@ -69,14 +75,43 @@ QUESTIONS = (
 )
 
 
+# OPRD's first-order alignment diagnostics (`losses.oprd_alignment_metrics`), logged every step.
+OPRD_METRICS = {
+  "oprd/aligned_frac": "aligned share (u ≥ 0)",
+  "oprd/cos_abs_mean": "mean abs cos(d, g)",
+  "oprd/rel_correction_mean": "relative correction (λ abs cos)",
+  "oprd/active_frac": "corrected share of tokens",
+}
+
+
 def collect(root: Path) -> dict:
-  """Every finished run of the grid (`grid_report.collect_runs`) and the teachers' accuracy."""
+  """Every finished run of the grid (`grid_report.collect_runs`), the teachers' accuracy at
+  their last evaluation and the weak teacher's at its first (its pre-RL reference)."""
   rows = grid_report.collect_runs(root)
   teachers = {}
   for name, path in (("strong", root / "quickstart" / "grpo"), ("weak", root / "weak")):
     acc = values(read_metrics(path), ACC) if path.exists() else []
     teachers[name] = acc[-1][1] if acc else float("nan")
+    if name == "weak":
+      teachers["weak_ref"] = acc[0][1] if len(acc) > 1 and acc[0][0] == 0 else float("nan")
   return {"rows": rows, "teachers": teachers}
+
+
+def oprd_lines(rows: dict) -> list[str]:
+  """The OPRD rows' alignment diagnostics: per run the mean over steps, then over seeds."""
+  lines = []
+  for row, seeds in rows.items():
+    per_key = {k: [np.mean([v for _, v in values(run["records"], k)] or [np.nan])
+                   for run in seeds.values()] for k in OPRD_METRICS}
+    if all(np.isnan(per_key["oprd/aligned_frac"])):
+      continue
+    if not lines:
+      head = "| row | seeds | " + " | ".join(OPRD_METRICS.values()) + " |"
+      lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    method, teacher = _label(row)
+    lines.append(f"| {method} ({teacher}) | {len(seeds)} | "
+                 + " | ".join(fmt(per_key[k]) for k in OPRD_METRICS) + " |")
+  return lines
 
 
 def _label(row: str) -> tuple[str, str]:
@@ -129,11 +164,18 @@ def table(data: dict) -> str:
       f"{fmt(vs_grpo, 1, 100, sign=True) + wins if vs_grpo else ''} | {fmt(mid)} | "
       f"{coef_cell} | {fmt(adv, 3)} | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
   lines += ["", *grid_report.question_lines(rows, QUESTIONS)]
+  oprd = oprd_lines(rows)
+  if oprd:
+    lines += ["", "OPRD's alignment at the rollout policy (mean over steps; mean ± std over "
+              "seeds):", "", *oprd]
   t = data["teachers"]
+  weak_ref = t.get("weak_ref", float("nan"))
   lines.append("")
   lines.append(f"Student (step 0, greedy): {fmt(student[:1])}; strong teacher "
-               f"{t['strong']:.3f}; weak teacher {t['weak']:.3f} (held-out greedy accuracy, "
-               "each on its own run's evaluation set of the same size).")
+               f"{t['strong']:.3f}; weak teacher {t['weak']:.3f}"
+               + (f" (its pre-RL reference {weak_ref:.3f})" if np.isfinite(weak_ref) else "")
+               + " (held-out greedy accuracy, each on its own run's evaluation set of the same "
+               "size).")
   return "\n".join(lines) + "\n"
 
 
@@ -172,6 +214,26 @@ def plots(data: dict, out_dir: Path) -> None:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_dir / "opd_family_tv.png", dpi=110)
+    plt.close(fig)
+
+  oprd = {row: seeds for row, seeds in data["rows"].items()
+          if any(values(run["records"], "oprd/aligned_frac") for run in seeds.values())}
+  if oprd:
+    keys = ("oprd/aligned_frac", "oprd/rel_correction_mean")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for row, seeds in oprd.items():
+      method, teacher = _label(row)
+      for seed, run in seeds.items():
+        for ax, key in zip(axes, keys):
+          logged = values(run["records"], key)
+          steps, ys = zip(*logged) if logged else ((), ())
+          ax.plot(steps, ys, label=f"{method} ({teacher}) seed {seed}")
+    for ax, key in zip(axes, keys):
+      ax.set_title(OPRD_METRICS[key])
+      ax.set_xlabel("step")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out_dir / "opd_family_oprd.png", dpi=110)
     plt.close(fig)
 
 

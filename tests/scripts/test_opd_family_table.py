@@ -85,6 +85,34 @@ def test_table_pairs_gains_and_differences(tmp_path):
   assert out.read_text() == text
 
 
+def test_oprd_alignment_lines_and_weak_reference(tmp_path):
+  student = [0, 0, 1, 1]
+  # Two OPRD seeds: aligned share over steps (0.6, 0.8) → run mean 0.7; (0.5, 0.5) → 0.5.
+  for seed, aligned in enumerate(((0.6, 0.8), (0.5, 0.5))):
+    _run(tmp_path, "oprd_W", seed, student, [1, 0, 1, 1],
+         [{"step": 0, "eval/accuracy": 0.5}]
+         + [{"step": k + 1, "oprd/aligned_frac": a, "oprd/cos_abs_mean": 0.2,
+             "oprd/rel_correction_mean": 0.1, "oprd/active_frac": 1.0}
+            for k, a in enumerate(aligned)]
+         + [{"step": 4, "eval/accuracy": 0.75}])
+  _run(tmp_path, "opd_W", 0, student, [0, 0, 0, 1],  # no OPRD metrics: no alignment line
+       [{"step": 0, "eval/accuracy": 0.5}, {"step": 4, "eval/accuracy": 0.25}])
+  (tmp_path / "weak").mkdir()
+  (tmp_path / "weak" / "metrics.jsonl").write_text(
+    json.dumps({"step": 0, "eval/accuracy": 0.27}) + "\n"
+    + json.dumps({"step": 80, "eval/accuracy": 0.41}) + "\n")
+  data = SCRIPT.collect(tmp_path)
+  assert data["teachers"]["weak"] == 0.41 and data["teachers"]["weak_ref"] == 0.27
+  text = SCRIPT.table(data)
+  assert "weak teacher 0.410 (its pre-RL reference 0.270)" in text
+  lines = SCRIPT.oprd_lines(data["rows"])
+  assert len(lines) == 3 and lines[2].startswith("| oprd (weak) | 2 |")
+  cells = [c.strip() for c in lines[2].strip("|").split("|")]
+  assert cells[2:] == ["0.600 ± 0.141", "0.200 ± 0.000", "0.100 ± 0.000", "1.000 ± 0.000"]
+  SCRIPT.plots(data, tmp_path / "plots")
+  assert (tmp_path / "plots" / "opd_family_oprd.png").stat().st_size > 0
+
+
 def test_grid_rows_are_valid_configs(tmp_path):
   env = dict(os.environ, DRY_RUN="1", SEEDS="0 1")
   out = subprocess.run(["bash", str(ROOT / "scripts" / "opd_family_grid.sh"), str(tmp_path)],
