@@ -86,6 +86,7 @@ from jaxrl_post.sampling import Sampler, multiturn, score_model
 from jaxrl_post.sampling.multiturn import SampledTrajectory, SampledTurn, TurnBatch
 from jaxrl_post.training import loop, ppo
 from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.metrics import write_eval_outcomes
 from jaxrl_post.training.train_state import TrainState, make_train_step
 
 METHODS = ("flat_grpo", "turn_grpo", "rtpo")
@@ -667,9 +668,17 @@ def evaluate(backend: Backend, params, env: Env, indices: Sequence[int], *,
   Greedy by default; `greedy=False` samples at the backend's temperature with `rng` (success
   then estimates the training policy's own pass@1).
   """
+  return multiturn.rollout_stats(evaluation_rollouts(backend, params, env, indices, split=split,
+                                                     greedy=greedy, rng=rng))
+
+
+def evaluation_rollouts(backend: Backend, params, env: Env, indices: Sequence[int], *,
+                        split: str = "test", greedy: bool = True, rng: jax.Array | None = None
+                        ) -> list[SampledTrajectory]:
+  """The episodes `evaluate` scores, one trajectory per index (for per-episode outcomes)."""
   starts = [env.initial_state(i, split) for i in indices]
   rng = jax.random.key(0) if rng is None else rng
-  return multiturn.rollout_stats(backend.rollout(params, starts, rng, greedy=greedy))
+  return list(backend.rollout(params, starts, rng, greedy=greedy))
 
 
 class RTPO:
@@ -876,13 +885,20 @@ class RTPO:
     config = self.config
     tic = time.perf_counter()
     indices = range(config.eval_episodes)
-    metrics = evaluate(self.learner, state.params, self.env, indices, split=config.eval_split)
-    record = {f"eval/{k}": v for k, v in metrics.items()}
+    greedy = evaluation_rollouts(self.learner, state.params, self.env, indices,
+                                 split=config.eval_split)
+    record = {f"eval/{k}": v for k, v in multiturn.rollout_stats(greedy).items()}
+    # Per-episode success, so that two runs on the same held-out episodes compare paired.
+    outcomes = {"greedy_success": [float(t.success) for t in greedy]}
     if config.eval_sampled:
       # The same key at every evaluation, so the curve is not noisier than the policy.
-      sampled = evaluate(self.learner, state.params, self.env, indices, split=config.eval_split,
-                         greedy=False, rng=jax.random.key(config.seed + 2))
-      record.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
+      sampled = evaluation_rollouts(self.learner, state.params, self.env, indices,
+                                    split=config.eval_split, greedy=False,
+                                    rng=jax.random.key(config.seed + 2))
+      record.update({f"eval/sampled_{k}": v
+                     for k, v in multiturn.rollout_stats(sampled).items()})
+      outcomes["sampled_success"] = [float(t.success) for t in sampled]
+    write_eval_outcomes(self.run.workdir, step, **outcomes)
     record["eval/time"] = time.perf_counter() - tic
     record["budget/generated_tokens"] = self.generated_tokens
     return record

@@ -11,12 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxrl_post.envs import get_env, make_context
 from jaxrl_post.models import get_model_config
 from jaxrl_post.sampling import multiturn
-from jaxrl_post.training.metrics import read_metrics
+from jaxrl_post.training.metrics import read_eval_outcomes, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {name: ROOT / "configs" / f"rtpo_{name}.py" for name in ("calculator", "kv", "kv_fork")}
@@ -97,7 +98,18 @@ def test_sft_cold_start(sft):
   assert all(r["budget/step_tokens"] == 0 and r["train/nll"] > 0 for r in train)
   assert train[-1]["train/nll"] < train[0]["train/nll"]
   assert sorted(int(p.name) for p in (sft / "checkpoints").iterdir() if p.name.isdigit())[-1] == 3
-  assert [r["step"] for r in read_metrics(sft) if "eval/success" in r] == [0, 2, 3]
+  evals = [r for r in read_metrics(sft) if "eval/success" in r]
+  assert [r["step"] for r in evals] == [0, 2, 3]
+  # Per-episode outcomes of every evaluation (for paired comparisons across runs): as many as
+  # the held-out episodes, and their means are the logged success rates.
+  outcomes = read_eval_outcomes(sft)
+  assert sorted(outcomes) == [0, 2, 3]
+  for record in evals:
+    step = outcomes[record["step"]]
+    assert len(step["greedy_success"]) == 4  # runlocal's eval_episodes
+    assert np.mean(step["greedy_success"]) == pytest.approx(record["eval/success"])
+    if "eval/sampled_success" in record:
+      assert np.mean(step["sampled_success"]) == pytest.approx(record["eval/sampled_success"])
 
 
 def test_rtpo_runlocal(rtpo_run):
