@@ -173,7 +173,7 @@ def table(data: dict) -> str:
   lines.append("")
   lines.append(f"Student (step 0, greedy): {fmt(student[:1])}; strong teacher "
                f"{t['strong']:.3f}; weak teacher {t['weak']:.3f}"
-               + (f" (its pre-RL reference {weak_ref:.3f})" if np.isfinite(weak_ref) else "")
+               + (f", its pre-RL reference {weak_ref:.3f}" if np.isfinite(weak_ref) else "")
                + " (held-out greedy accuracy, each on its own run's evaluation set of the same "
                "size).")
   return "\n".join(lines) + "\n"

@@ -104,7 +104,7 @@ def test_oprd_alignment_lines_and_weak_reference(tmp_path):
   data = SCRIPT.collect(tmp_path)
   assert data["teachers"]["weak"] == 0.41 and data["teachers"]["weak_ref"] == 0.27
   text = SCRIPT.table(data)
-  assert "weak teacher 0.410 (its pre-RL reference 0.270)" in text
+  assert "weak teacher 0.410, its pre-RL reference 0.270 (held-out" in text
   lines = SCRIPT.oprd_lines(data["rows"])
   assert len(lines) == 3 and lines[2].startswith("| oprd (weak) | 2 |")
   cells = [c.strip() for c in lines[2].strip("|").split("|")]
