@@ -42,13 +42,8 @@ seed_lane() {
       --config.init_from="$R/sft" $EXTRA --verbosity=-1
   done
 }
-running=0
-for seed in $SEEDS; do
-  seed_lane "$seed" &
-  running=$((running + 1))
-  if ((running >= JOBS)); then wait -n; running=$((running - 1)); fi
-done
-wait
+# shellcheck disable=SC2086  # SEEDS is a list
+lanes seed_lane $SEEDS
 
 ((DRY_RUN)) || python scripts/multiturn_table.py --root="$R" --baseline="$BASELINE" \
   --metrics="${METRICS:-}" --out="$R/table.md" --plot="$R/sampled_success.png"

@@ -14,7 +14,7 @@
 # n > 0 gives the format domain a specialist teacher: n steps of format-only SFT from MixSFT,
 # then the same GRPO, which opens a large headroom in the short-answer domain). A stage that finished leaves
 # <run>/DONE and is skipped when the script is rerun; an interrupted stage resumes from its
-# checkpoint. Runtimes on 2 CPU cores are in docs/results.md.
+# checkpoint. DRY_RUN=1 prints every command. Runtimes on 2 CPU cores are in docs/results.md.
 set -euo pipefail
 R=${1:?usage: scripts/opd_reproduce.sh <root dir>}
 SEEDS=${SEEDS:-"0 1 2"}
@@ -30,32 +30,11 @@ CONFIG=configs/opd_mix.py
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
-# stage <run dir> <command...>: runs the command unless <run dir>/DONE exists; logs its time.
-stage() {
-  local dir=$1; shift
-  if [[ -f $dir/DONE ]]; then echo "skip $dir (done)"; return; fi
-  mkdir -p "$(dirname "$dir")"
-  echo "$(date +%T) start $dir"
-  local t0=$SECONDS
-  "$@" --workdir="$dir" > "$dir.log" 2>&1 || { echo "FAILED $dir: see $dir.log"; exit 1; }
-  echo "$((SECONDS - t0))" > "$dir/DONE"
-  echo "$(date +%T) done $dir in $((SECONDS - t0)) s"
-}
+source scripts/grid_stage.sh  # stage <run dir> <command...>; lanes; DRY_RUN
 
 # 1. The mixed-SFT student (MixSFT), the start of every teacher and every OPD student.
-stage "$R/sft" python experiments/sft.py --config=$CONFIG:sft --config.steps="$SFT_STEPS"
-
-# lanes <function> <arg>...: runs `<function> <arg>` for every arg, JOBS at a time.
-lanes() {
-  local fn=$1; shift
-  local running=0
-  for arg in "$@"; do
-    "$fn" "$arg" &
-    running=$((running + 1))
-    if ((running >= JOBS)); then wait -n; running=$((running - 1)); fi
-  done
-  wait
-}
+stage "$R/sft" python experiments/sft.py --config=$CONFIG:sft --workdir="$R/sft" \
+  --config.steps="$SFT_STEPS"
 
 # 2. One GRPO teacher per domain from MixSFT (the task configs' default GRPO settings).
 teacher() {
@@ -64,22 +43,22 @@ teacher() {
   if [[ $1 == format ]] && ((FORMAT_SFT_STEPS > 0)); then
     start=$R/teacher_format_sft
     stage "$start" python experiments/sft.py --config=configs/grpo_format.py:sft \
-      --config.init_from="$R/sft" --config.steps="$FORMAT_SFT_STEPS"
+      --workdir="$start" --config.init_from="$R/sft" --config.steps="$FORMAT_SFT_STEPS"
   fi
-  stage "$R/teacher_$1" python experiments/grpo.py --config=$config \
+  stage "$R/teacher_$1" python experiments/grpo.py --config=$config --workdir="$R/teacher_$1" \
     --config.init_from="$start" --config.steps="$TEACHER_STEPS"
 }
 lanes teacher arith countdown format
 
 # 3. References at step 0: RouteRL (each domain by its teacher) and MixSFT (the student).
-stage "$R/route" python experiments/opd.py --config=$CONFIG:root=$R,steps=0 \
+stage "$R/route" python experiments/opd.py --config=$CONFIG:root=$R,steps=0 --workdir="$R/route" \
   --config.eval_examples="$EVAL_EXAMPLES"
 
 # 4. RouteOPD: one single-teacher OPD student per domain (plain OPD, seed 0), each evaluated
 #    on its own domain; the integration gap is Total(RouteOPD) − Total(method).
 route_opd() {
   for domain in arith countdown format; do
-    stage "$R/route_opd_$domain" python experiments/opd.py \
+    stage "$R/route_opd_$domain" python experiments/opd.py --workdir="$R/route_opd_$domain" \
       --config=$CONFIG:root=$R,method=naive,only=$domain,steps=$STEPS \
       --config.eval_examples="$EVAL_EXAMPLES" --config.eval_every="$STEPS" \
       --config.eval_teachers=False
@@ -94,7 +73,7 @@ methods_of_seed() {
     return 0
   fi
   for method in $METHODS; do
-    stage "$R/$method/seed$1" python experiments/opd.py \
+    stage "$R/$method/seed$1" python experiments/opd.py --workdir="$R/$method/seed$1" \
       --config=$CONFIG:root=$R,method=$method,steps=$STEPS --config.seed="$1" \
       --config.eval_examples="$EVAL_EXAMPLES" --config.eval_every=$((STEPS / 2)) \
       --config.eval_teachers=False
@@ -103,4 +82,4 @@ methods_of_seed() {
 read -ra seeds <<< "$SEEDS"
 lanes methods_of_seed "${seeds[0]}" route_opd "${seeds[@]:1}"
 
-python scripts/opd_table.py "$R" --out="$R/table.md" --plots="$R"
+((DRY_RUN)) || python scripts/opd_table.py "$R" --out="$R/table.md" --plots="$R"

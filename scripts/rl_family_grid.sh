@@ -113,12 +113,7 @@ row() {  # row <name> <seed>
 seed_lane() {
   for name in $ROWS; do row "$name" "$1"; done
 }
-running=0
-for seed in $SEEDS; do
-  seed_lane "$seed" &
-  running=$((running + 1))
-  if ((running >= JOBS)); then wait -n; running=$((running - 1)); fi
-done
-wait
+# shellcheck disable=SC2086  # SEEDS is a list
+lanes seed_lane $SEEDS
 
 ((DRY_RUN)) || python scripts/rl_family_table.py --root="$R" --out="$R/table.md" --plots="$R"

@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,16 @@ def test_command_line_writes_the_table_and_the_plots(tmp_path, capsys):
   argv = script_flags.parse(SCRIPT.FLAGS, ["opd_table.py", f"--out={out}"])
   with pytest.raises(app.UsageError, match="expected one root"):
     SCRIPT.main(argv)
+
+
+def test_reproduce_script_commands(tmp_path):
+  """scripts/opd_reproduce.sh, dry run: every stage once, each with its own workdir."""
+  env = dict(os.environ, DRY_RUN="1", SEEDS="0 1", FORMAT_SFT_STEPS="5")
+  out = subprocess.run(["bash", str(ROOT / "scripts" / "opd_reproduce.sh"), str(tmp_path)],
+                       capture_output=True, text=True, env=env, check=True, timeout=60).stdout
+  commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
+  # MixSFT, the format SFT, 3 teachers, the references, 6 methods × 2 seeds, 3 RouteOPD students.
+  assert len(commands) == 1 + 1 + 3 + 1 + 6 * 2 + 3, out
+  workdirs = [a.split("=", 1)[1] for c in commands for a in c if a.startswith("--workdir=")]
+  assert len(workdirs) == len(commands) == len(set(workdirs))
+  assert f"{tmp_path}/open_mopd/seed1" in workdirs and f"{tmp_path}/route" in workdirs
