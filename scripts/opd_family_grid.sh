@@ -41,7 +41,7 @@ ROWS=${ROWS:-$ALL_ROWS}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
-source scripts/grid_stage.sh  # stage <run dir> <command...>; DRY_RUN
+source scripts/grid_stage.sh  # stage <run dir> <command...>; lanes; DRY_RUN
 
 # 1. Student (quickstart SFT, greedy ≈ 0.73) and strong teacher (its 40 GRPO steps, ≈ 0.87).
 stage "$R/quickstart" python experiments/quickstart.py --seed=0 --workdir="$R/quickstart"
@@ -89,12 +89,7 @@ row() {  # row <method:teacher> <seed>
 seed_lane() {
   for spec in $ROWS; do row "$spec" "$1"; done
 }
-running=0
-for seed in $SEEDS; do
-  seed_lane "$seed" &
-  running=$((running + 1))
-  if ((running >= JOBS)); then wait -n; running=$((running - 1)); fi
-done
-wait
+# shellcheck disable=SC2086  # SEEDS is a list
+lanes seed_lane $SEEDS
 
 ((DRY_RUN)) || python scripts/opd_family_table.py --root="$R" --out="$R/table.md" --plots="$R"

@@ -48,7 +48,7 @@ retain_cokl retain_rkl retain_rapo wmrl_env wmrl_raw wmrl care care_static"}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
-source scripts/grid_stage.sh  # stage <run dir> <command...>; DRY_RUN
+source scripts/grid_stage.sh  # stage <run dir> <command...>; lanes; DRY_RUN
 
 STUDENT=${STUDENT:-$R/sft}
 [[ $STUDENT == "$R/sft" ]] && stage "$R/sft" python experiments/sft.py \
