@@ -56,6 +56,11 @@ def _at(run: dict, key: str, first: bool) -> float:
   return float(np.mean(outcomes[step][key]))
 
 
+def _span(runs, key: str) -> str:
+  """`first → last` of outcomes `key`, each mean ± std over the runs."""
+  return f"{fmt([_at(r, key, True) for r in runs])} → {fmt([_at(r, key, False) for r in runs])}"
+
+
 def table(rows: dict, baseline: str, metrics=()) -> str:
   """The per-arm table and the paired comparisons with `baseline` (markdown)."""
   if baseline not in rows:
@@ -71,11 +76,8 @@ def table(rows: dict, baseline: str, metrics=()) -> str:
     tokens = [t[-1]["budget/generated_tokens"] if t else np.nan for t in train]
     means = [fmt([np.mean([v for _, v in values(run["records"], m)] or [np.nan]) for run in runs])
              for m in metrics]
-    def span(key, runs=runs):
-      return f"{fmt([_at(r, key, True) for r in runs])} → {fmt([_at(r, key, False) for r in runs])}"
-
     lines.append(
-      f"| {arm} | {len(runs)} | {span(SAMPLED)} | {span(GREEDY)} | "
+      f"| {arm} | {len(runs)} | {_span(runs, SAMPLED)} | {_span(runs, GREEDY)} | "
       f"{fmt([c[0] for c in change], 1, 100, sign=True)} ({fmt([c[1] for c in change], 1, 100)}) | "
       f"{fmt([len(t) for t in train], 1)} | {fmt(tokens, 0)} | "
       f"{fmt([s['minutes'] for s in runs], 1)} |" + "".join(f" {m} |" for m in means))
