@@ -24,6 +24,16 @@
 #   wmrl            anchors + isotonic debiasing + inverse-variance weights
 #   care            rubric rewards whose rubrics evolve (pool of 64 prompts, so they recur)
 #   care_static     the initial (hackable) rubric throughout, same pool
+# Rollout-intervention rows on the mixture's arithmetic (configs/rail.py; STEPS steps): RAIL's
+# budget is extra rollouts for the groups its bandit picks, so compare rewards with the
+# rail/extra_tokens it spent.
+#   rail            the LinUCB bandit, shadow-to-live (arXiv 2608.05080's reconstruction)
+#   rail_heuristic  extra rollouts for every all-0 / all-1 group (the heuristic baseline)
+#   rail_none       plain GRPO with the RAIL config (no extra rollouts)
+# Shared-control rows on the mixture (configs/cd_rft.py; one micro-batch, one PPO mini-batch):
+#   cd_rft          the SCB penalty at γ = 0.01 (the PROPOSAL default)
+#   cd_rft_g0.1     γ = 0.1
+#   cd_rft_g0       γ = 0: the matched GRPO step (SCB logged, no penalty)
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (default 20), PROMPTS (prompts per step,
 # default 16; 8 rollouts each), EVAL_EXAMPLES (default 256), EVAL_EVERY (default 5), ROWS (a
@@ -44,7 +54,8 @@ RETAIN_STEPS=${RETAIN_STEPS:-12}
 SIDE_STEPS=${SIDE_STEPS:-16}
 RETAIN_LR=${RETAIN_LR:-}  # the retention rows' learning rate (default: the configs' 5e-5)
 ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched retain_grpo retain_gcpo \
-retain_cokl retain_rkl retain_rapo wmrl_env wmrl_raw wmrl care care_static"}
+retain_cokl retain_rkl retain_rapo wmrl_env wmrl_raw wmrl care care_static rail rail_heuristic \
+rail_none cd_rft_g0 cd_rft cd_rft_g0.1"}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
@@ -107,6 +118,16 @@ row() {  # row <name> <seed>
       stage "$dir" python experiments/grpo.py --config="$variant" --workdir="$dir" \
         $(common "$seed") --config.steps="$SIDE_STEPS" --config.eval_every=$((SIDE_STEPS / 2)) \
         --config.checkpoint_every="$SIDE_STEPS" "${extra[@]}" ;;
+    rail*)
+      local mode=${name#rail_}
+      [[ $name == rail ]] && mode=rail
+      stage "$dir" python experiments/grpo.py --config="configs/rail.py:mode=$mode" \
+        --workdir="$dir" $(common "$seed") ;;
+    cd_rft*)
+      local gamma=${name#cd_rft_g}
+      [[ $name == cd_rft ]] && gamma=0.01
+      stage "$dir" python experiments/grpo.py --config="configs/cd_rft.py:gamma=$gamma" \
+        --workdir="$dir" $(common "$seed") ;;
     *) echo "unknown row $name"; exit 1 ;;
   esac
 }

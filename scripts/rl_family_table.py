@@ -58,19 +58,38 @@ RETAIN_QUESTIONS = (
   ("retain_rkl", "retain_grpo", "reverse KL vs GRPO (no KL)"),
   ("retain_rapo", "retain_grpo", "RAPO's R-Scale (RLOO) vs GRPO"),
 )
-# Reward-side rows (1-3 digit arithmetic): WMRL and CARE against their own baselines.
-SIDE_PREFIXES = ("wmrl", "care")
-SIDE_QUESTIONS = (
-  ("wmrl", "wmrl_env", "WMRL vs GRPO on real rewards (every row verified)"),
-  ("wmrl", "wmrl_raw", "WMRL vs the world model alone"),
-  ("wmrl_raw", "wmrl_env", "the world model alone vs real rewards"),
-  ("care", "care_static", "CARE's evolving rubrics vs the static rubric"),
-)
-SIDE_DIAGNOSTICS = (("wmrl/env_rows", "verified rows / step"),
-                    ("wmrl/rwm_corr", "corr(r_wm, r)"),
-                    ("care/rubric_reward", "rubric reward"),
-                    ("care/true_accuracy", "rollouts' true accuracy"),
-                    ("care/hack_gap", "hack gap"))
+# Rows compared only with their own baselines, by name prefix: (title, questions, diagnostics
+# averaged over steps then seeds). Reward-side rows run on 1-3 digit arithmetic (SIDE_STEPS).
+GROUPS = {
+  ("wmrl", "care"): (
+    "Reward side (1-3 digit arithmetic)",
+    (("wmrl", "wmrl_env", "WMRL vs GRPO on real rewards (every row verified)"),
+     ("wmrl", "wmrl_raw", "WMRL vs the world model alone"),
+     ("wmrl_raw", "wmrl_env", "the world model alone vs real rewards"),
+     ("care", "care_static", "CARE's evolving rubrics vs the static rubric")),
+    (("wmrl/env_rows", "verified rows / step"),
+     ("wmrl/rwm_corr", "corr(r_wm, r)"),
+     ("care/rubric_reward", "rubric reward"),
+     ("care/true_accuracy", "rollouts' true accuracy"),
+     ("care/hack_gap", "hack gap"))),
+  ("rail",): (
+    "Rollout interventions (RAIL, the mixture's arithmetic)",
+    (("rail", "rail_none", "RAIL vs GRPO (no extra rollouts)"),
+     ("rail", "rail_heuristic", "RAIL's bandit vs the all-0/1 heuristic"),
+     ("rail_heuristic", "rail_none", "heuristic vs GRPO")),
+    (("rail/interventions", "groups intervened / step"),
+     ("rail/extra_tokens", "extra tokens / step"),
+     ("rail/mixed_before", "mixed groups before"),
+     ("rail/mixed_after", "mixed groups after"),
+     ("rail/live", "controller live"))),
+  ("cd_rft",): (
+    "Shared control (CD-RFT, the mixture)",
+    (("cd_rft", "cd_rft_g0", "CD-RFT γ = 0.01 vs matched GRPO (γ = 0)"),
+     ("cd_rft_g0.1", "cd_rft_g0", "CD-RFT γ = 0.1 vs matched GRPO (γ = 0)")),
+    (("train/cd_rft_scb", "SCB"),
+     ("train/cd_rft_penalty", "γ·SCB"),
+     ("train/cd_rft_families", "families with a gradient"))),
+}
 DIAGNOSTICS = (("replay/accepted", "replayed groups / step"),
                ("replay/drift_accepted", "drift of replayed"),
                ("prior/learnable_fraction", "learnable fraction"))
@@ -113,30 +132,32 @@ def retention_table(rows: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def side_table(rows: dict) -> str:
+def group_table(rows: dict, questions, diagnostics) -> str:
   """Each row's last accuracy and its change from step 0, the method diagnostics (mean over
-  steps, then over seeds), and `SIDE_QUESTIONS` as paired differences at the last evaluation."""
+  steps, then over seeds), and `questions` as paired differences at the last evaluation."""
   head = ("| row | seeds | greedy acc. (last) | last − step 0 | " +
-          " | ".join(d for _, d in SIDE_DIAGNOSTICS) + " | min per run |")
+          " | ".join(d for _, d in diagnostics) + " | min per run |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for row, seeds in rows.items():
     last = [float(np.mean(grid_report.last_greedy(run))) for run in seeds.values()]
     gain = [grid_report.change_from_start(run)[0] for run in seeds.values()]
     diag = []
-    for key, _ in SIDE_DIAGNOSTICS:
+    for key, _ in diagnostics:
       per_seed = [float(np.nanmean([v for _, v in values(run["records"], key)]))
                   for run in seeds.values() if values(run["records"], key)]
       diag.append(fmt(per_seed, 3) if per_seed else "")
     lines.append(f"| {row} | {len(seeds)} | {fmt(last)} | {fmt(gain, 1, 100, sign=True)} | " +
                  " | ".join(diag) + f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
-  lines += ["", *grid_report.question_lines(rows, SIDE_QUESTIONS)]
+  lines += ["", *grid_report.question_lines(rows, questions)]
   return "\n".join(lines) + "\n"
 
 
 def table(rows: dict) -> str:
   retain = {k: v for k, v in rows.items() if k.startswith("retain_")}
-  side = {k: v for k, v in rows.items() if k.startswith(SIDE_PREFIXES)}
-  rows = {k: v for k, v in rows.items() if k not in retain and k not in side}
+  groups = [(spec, {k: v for k, v in rows.items() if k.startswith(prefixes)})
+            for prefixes, spec in GROUPS.items()]
+  grouped = set(retain).union(*(g for _, g in groups))
+  rows = {k: v for k, v in rows.items() if k not in grouped}
   base = rows.get(BASELINE, {})
   head = ("| row | seeds | greedy acc. (last) | − GRPO, paired (seeds > 0) | AUC (evals > 0) | "
           "step reaching GRPO's best | " + " | ".join(d for _, d in DIAGNOSTICS) +
@@ -168,8 +189,9 @@ def table(rows: dict) -> str:
   if retain:
     lines += ["", "Retention (trained on arithmetic only; countdown and format evaluated):", "",
               retention_table(retain)]
-  if side:
-    lines += ["", "Reward side (1-3 digit arithmetic):", "", side_table(side)]
+  for (title, questions, diagnostics), group in groups:
+    if group:
+      lines += ["", f"{title}:", "", group_table(group, questions, diagnostics)]
   return "\n".join(lines) + "\n"
 
 
@@ -177,7 +199,7 @@ def plots(rows: dict, out_dir: Path) -> None:
   out_dir.mkdir(parents=True, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.5, 3.8))
   for row, seeds in rows.items():
-    if row.startswith(("retain_", *SIDE_PREFIXES)):
+    if row.startswith(("retain_", *(p for prefixes in GROUPS for p in prefixes))):
       continue
     steps, accs = grid_report.curve(seeds, ACC)
     ax.plot(steps, accs, marker="o", label=row, linestyle="--" if row == BASELINE else "-")

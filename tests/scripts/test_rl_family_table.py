@@ -69,7 +69,7 @@ def test_grid_rows_are_valid_configs(tmp_path):
   out = subprocess.run(["bash", str(ROOT / "scripts" / "rl_family_grid.sh"), str(tmp_path)],
                        capture_output=True, text=True, env=env, check=True, timeout=60).stdout
   commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
-  assert len(commands) == 16 * 2, out  # 15 rows + the probe, per seed
+  assert len(commands) == 22 * 2, out  # 21 rows + the probe, per seed
   for command in commands:
     flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
     path, _, arg = flags["config"].partition(":")
@@ -82,8 +82,12 @@ def test_grid_rows_are_valid_configs(tmp_path):
           node = node[parent]
         node[last] = type(node[last])(value)
     assert config.init_from == "/student"
-    assert config.task == ("arith" if "wmrl" in flags["config"] or "care" in flags["config"]
-                           else "mixture")
+    arith = any(name in flags["config"] for name in ("wmrl", "care", "rail"))
+    assert config.task == ("arith" if arith else "mixture")
+    if "cd_rft" in flags["config"]:  # the rows' γ, from the row name
+      assert config.control.gamma in (0.0, 0.01, 0.1)
+    if "rail" in flags["config"]:
+      assert config.intervention.mode in ("rail", "heuristic", "none")
     replay = config.get("replay")
     replayed = replay.budget if replay is not None and replay.name != "none" else 0
     rows = (config.prompts_per_step + replayed) * config.group_size
@@ -131,3 +135,25 @@ def test_reward_side_rows_get_their_own_table():
   question = next(line for line in text.splitlines() if line.startswith("| WMRL vs GRPO"))
   assert [c.strip() for c in question.strip("|").split("|")][1:4] == [
     "+25.0 / +25.0", "+25.0 ± 0.0", "2/2"]
+
+
+def test_rail_and_cd_rft_rows_get_their_own_tables(tmp_path):
+  for seed in (0, 1):
+    _run(tmp_path, "rail_none", seed, [1, 0, 0, 1], [(0, 0.5), (20, 0.5)])
+    _run(tmp_path, "rail", seed, [1, 1, 0, 1], [(0, 0.5), (20, 0.75)],
+         extra=[{"step": 1, "rail/extra_tokens": 100.0}, {"step": 2, "rail/extra_tokens": 300.0}])
+    _run(tmp_path, "cd_rft_g0", seed, [0, 0, 0, 1], [(0, 0.5), (20, 0.25)])
+    _run(tmp_path, "cd_rft", seed, [0, 0, 1, 1], [(0, 0.5), (20, 0.5)],
+         extra=[{"step": 1, "train/cd_rft_scb": 0.5}])
+  text = SCRIPT.table(SCRIPT.grid_report.collect_runs(tmp_path))
+  assert "Rollout interventions" in text and "Shared control" in text
+  row = next(line for line in text.splitlines() if line.startswith("| rail |"))
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[2] == "0.750 ± 0.000" and cells[5] == "200.000 ± 0.000"  # mean extra tokens
+  question = next(line for line in text.splitlines() if line.startswith("| RAIL vs GRPO"))
+  assert [c.strip() for c in question.strip("|").split("|")][1:4] == [
+    "+25.0 / +25.0", "+25.0 ± 0.0", "2/2"]
+  question = next(line for line in text.splitlines() if line.startswith("| CD-RFT γ = 0.01"))
+  assert [c.strip() for c in question.strip("|").split("|")][1:3] == [
+    "+25.0 / +25.0", "+25.0 ± 0.0"]
+  assert "| rail |" not in text.split("Rollout interventions")[0]  # not a main-table row
