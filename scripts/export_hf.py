@@ -9,7 +9,10 @@ files of the run's tokenizer and generation_config.json (jaxrl_post/training/exp
 on the character tokenizer exports the model alone, with a warning. The checkpoint may come
 from any mesh: the parameters are read into this process's first device, tensor by tensor
 when written. A LoRA run (`config.lora.rank` > 0; its checkpoints hold adapters only) exports
-merged weights, K + s·a·b, on its base's architecture (`training.run_dir.load_run`).
+merged weights, K + s·a·b, on its base's architecture (`training.run_dir.load_run`); a
+multi-LoRA run (one adapter per tenant, `methods.multi_lora`) exports the tenant --adapter names:
+
+  python scripts/export_hf.py --run_dir=/tmp/multi_lora --adapter=plus --out=/tmp/plus_hf
 
 Then:
 
@@ -36,6 +39,9 @@ _DTYPE = flags.DEFINE_string("dtype", "", "Tensor dtype and torch_dtype: "
 _MAX_SHARD_SIZE = flags.DEFINE_string("max_shard_size", "5GB", "Shard the safetensors above "
                                       "this size (5GB = 5·10^9 bytes, 5GiB = 5·2^30).",
                                       flag_values=FLAGS)
+_ADAPTER = flags.DEFINE_string("adapter", None, "A multi-LoRA run's tenant whose adapters are "
+                                "merged and exported (required there, invalid elsewhere).",
+                                flag_values=FLAGS)
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the model files of a non-empty "
                                "--out.", flag_values=FLAGS)
 
@@ -45,7 +51,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   report = export_run(_RUN_DIR.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value or None,
-                      max_shard_size=_MAX_SHARD_SIZE.value, overwrite=_OVERWRITE.value)
+                      max_shard_size=_MAX_SHARD_SIZE.value, overwrite=_OVERWRITE.value,
+                      adapter=_ADAPTER.value)
   print(f"step {report.step} of {_RUN_DIR.value} → {report.path}: {', '.join(report.files)}")
   if not report.tokenizer_exported:
     print("no Hugging Face tokenizer files (the run's tokenizer has none): model only")

@@ -534,9 +534,18 @@ class GRPO:
     self.sampler_correction = uses_sampler_correction(config)
 
   def build_model(self, run: loop.Run):
+    task, tokenizer, _, model = run_setup.build_run(
+      self.config, str(run.workdir), run.train_mesh, run.train_rules)
+    self.build_parts(task, tokenizer)
+    self.model = model
+    return model
+
+  def build_parts(self, task, tokenizer) -> None:
+    """Everything `build_model` sets up besides the model: the task, the tokenizer, the
+    grammar, the objective and the step's parts (a policy built elsewhere, e.g. one base
+    shared by several adapters' runs in `methods.multi_lora`, then goes into `self.model`)."""
     config = self.config
-    self.task, self.tokenizer, _, model = run_setup.build_run(
-      config, str(run.workdir), run.train_mesh, run.train_rules)
+    self.task, self.tokenizer = task, tokenizer
     self.grammar = task_grammar(config, self.task, self.tokenizer)
     self.objective = policy_objective(config, **grammar_loss_extra(self.grammar))
     # The optional parts of the step (`methods.step_parts`): priors, scales, replay, terms.
@@ -549,8 +558,6 @@ class GRPO:
       if hasattr(part, "wrap_loss"):
         self.loss_fn = part.wrap_loss(self.loss_fn)
         self.shared_keys += tuple(part.shared_keys)
-    self.model = model
-    return model
 
   def hooks(self, name: str):
     """The parts that implement hook `name`, in run order."""

@@ -172,13 +172,13 @@ def export_model(model: CausalLM, tokenizer, out: str | os.PathLike, *, dtype: s
 
 def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None,
                dtype: str | None = None, max_shard_size: str | int | None = "5GB",
-               overwrite: bool = False, mesh=None) -> ExportReport:
+               overwrite: bool = False, mesh=None, adapter: str | None = None) -> ExportReport:
   """The run in `workdir` at checkpoint `step` (default: the latest) as a Hugging Face directory.
 
   `dtype` defaults to the run's `config.param_dtype`. The generation defaults come from the
   checkpoint the run was initialised from (`config.init_from`), when that was a Hugging Face
   one. With a `mesh` the parameters are read sharded (`load_run`) and gathered tensor by tensor
-  as they are written.
+  as they are written. A multi-LoRA run exports one tenant's adapters merged: `adapter`.
 
   Raises:
     FileNotFoundError: no config.json or no checkpoint in `workdir`.
@@ -191,7 +191,7 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
                        f"{', '.join(run_setup.DTYPES)}")
   if max_shard_size is not None:
     parse_size(max_shard_size)
-  run = load_run(workdir, step=step, mesh=mesh)
+  run = load_run(workdir, step=step, mesh=mesh, adapter=adapter)
   first = run_setup.start_point(run.config, str(workdir), ignore_workdir=True)
   source_dir = first.path if first.kind == "init_from_hf" else None
   report = export_model(run.model, run.tokenizer, out, dtype=dtype, max_shard_size=max_shard_size,

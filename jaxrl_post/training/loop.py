@@ -145,6 +145,11 @@ class Method(Protocol):
       of the train state (per-parameter-group learning rates, frozen groups:
       `training.phases`), decayed over `total_updates`; without it the loop builds
       `config.optimizer` (`training.setup.build_optimizer`). Called after `build_model`.
+    create_state(run, model) -> state: the method's own train state (a pytree the loop passes
+      to its hooks and checkpoints as it is) instead of `create_train_state` of `model`'s
+      trainable parameters with `run.optimizer`; called after `build_model` (and after a LoRA
+      run's adapters are attached), with `run.placement` and `run.optimizer` set. Several
+      adapters on one base (`methods.multi_lora`) keep one `TrainState` per adapter here.
     progress(record) -> dict[str, float]: values for the progress bar.
     done(step) -> bool: stop after this step although `config.steps` is not reached (a token
       budget spent, say); the loop evaluates and checkpoints as at the last step.
@@ -272,9 +277,12 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
   total_updates = config.steps * method.updates_per_step
   run.optimizer = (method.optimizer(run, total_updates) if hasattr(method, "optimizer")
                    else run_setup.build_optimizer(config, total_updates))
-  state = create_train_state(model, run.optimizer, jax.random.key(config.seed),
-                             mesh=placement.train_mesh, rules=placement.train_rules,
-                             trainable=LoraParam if rank else nnx.Param)
+  if hasattr(method, "create_state"):
+    state = method.create_state(run, model)
+  else:
+    state = create_train_state(model, run.optimizer, jax.random.key(config.seed),
+                               mesh=placement.train_mesh, rules=placement.train_rules,
+                               trainable=LoraParam if rank else nnx.Param)
   if rank:
     run.graphdef, _, run.frozen = nnx.split(model, LoraParam, ...)
   else:

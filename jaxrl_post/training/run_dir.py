@@ -85,7 +85,7 @@ def resolve_step(workdir: str | os.PathLike, step: int | None = None) -> int:
 
 
 def load_run(workdir: str | os.PathLike, *, step: int | None = None, mesh: Mesh | None = None,
-             rules: Rules = DEFAULT_RULES) -> LoadedRun:
+             rules: Rules = DEFAULT_RULES, adapter: str | None = None) -> LoadedRun:
   """The run in `workdir` with the parameters of checkpoint `step` (default: the latest).
 
   Args:
@@ -96,15 +96,26 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, mesh: Mesh 
       those shardings, whatever mesh the run itself had.
 
   A LoRA run (`config.lora.rank` > 0) loads as one merged model with the base architecture:
-  its base as the run built it, plus the checkpoint's adapters merged into the kernels.
+  its base as the run built it, plus the checkpoint's adapters merged into the kernels. A
+  multi-LoRA run (`methods.multi_lora`: one adapter per tenant) needs `adapter`, the tenant
+  whose adapters are merged.
 
   Raises:
     FileNotFoundError: no config.json, or no checkpoint.
-    ValueError: `step` has no checkpoint (the message lists those there are), or the
-      config no longer builds (naming its key).
+    ValueError: `step` has no checkpoint (the message lists those there are), the
+      config no longer builds (naming its key), or `adapter` is missing for a multi-LoRA run,
+      not one of its tenants, or given for another run (the message lists the tenants).
   """
   workdir = as_path(workdir)
   config = read_config(workdir)
+  tenants = list((config.get("multi_lora") or {}).get("tenants") or {})
+  if tenants and adapter not in tenants:
+    raise ValueError(f"{workdir} is a multi-LoRA run: choose the adapter to merge with "
+                     f"adapter= (--adapter); its tenants: {', '.join(tenants)}"
+                     + (f" (got {adapter!r})" if adapter is not None else ""))
+  if adapter is not None and not tenants:
+    raise ValueError(f"adapter={adapter!r}: {workdir} is not a multi-LoRA run (no "
+                     "config.multi_lora.tenants); leave adapter unset")
   step = resolve_step(workdir, step)
   tokenizer = run_setup.build_tokenizer(config)
   # The model as the run first built it: its architecture is the preset's, or that of the
@@ -113,14 +124,14 @@ def load_run(workdir: str | os.PathLike, *, step: int | None = None, mesh: Mesh 
   model = run_setup.build_model(config, tokenizer, first, mesh, rules)
   lora = config.get("lora") or {}
   if lora.get("rank", 0):
-    model = _merged_lora_model(model, config, workdir, step, first, mesh, rules)
+    model = _merged_lora_model(model, config, workdir, step, first, mesh, rules, adapter)
   else:
     nnx.update(model, _restore(run_setup.checkpoint_dir(str(workdir)), step,
                                nnx.state(model, nnx.Param)))
   return LoadedRun(workdir, config, step, model, tokenizer)
 
 
-def _merged_lora_model(model, config, workdir, step, first, mesh, rules):
+def _merged_lora_model(model, config, workdir, step, first, mesh, rules, adapter=None):
   """A LoRA run's policy as one merged model (the base graph, K ← K + s·a·b).
 
   The base is built as the run built it (`model`: a preset or `config.init_from`'s Hugging
@@ -137,7 +148,12 @@ def _merged_lora_model(model, config, workdir, step, first, mesh, rules):
   adapters = nnx.state(model, LoraParam)
   if mesh is not None:
     adapters = jax.device_put(adapters, state_shardings(adapters, mesh, rules))
-  nnx.update(model, _restore(run_setup.checkpoint_dir(str(workdir)), step, adapters))
+  directory = run_setup.checkpoint_dir(str(workdir))
+  if adapter is None:
+    nnx.update(model, _restore(directory, step, adapters))
+  else:  # A multi-LoRA checkpoint: `params` is `{tenant: adapters}`; all restored, one kept.
+    tenants = list(config.multi_lora.tenants)
+    nnx.update(model, _restore(directory, step, {n: adapters for n in tenants})[adapter])
   merged = without_lora(model)
   nnx.update(merged, merge_lora(nnx.state(model)))
   return merged
