@@ -114,3 +114,17 @@ def test_bench_async_compares_modes_against_sync(tmp_path):
   assert sync["devices"] == 2 and off["steps_per_hour"] > 0 and off["weight_sync_s"] > 0
   assert rows[3]["mode"] == "one_step_off" and rows[3]["reference"] == "sync"
   assert (tmp_path / "async_rollouts.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # five short runs (≈ 40 s)
+def test_bench_multi_lora_counts_the_base_once():
+  rows = _json_lines("bench_multi_lora.py", "--model=tiny", "--tenants=1,2", "--steps=2",
+                     "--rank=4")
+  assert [r["what"] for r in rows] == ["single_lora", "full", "multi_lora", "ratio",
+                                       "multi_lora", "ratio"]
+  single, full, one, _, two, ratio = rows
+  assert full["base_bytes"] == 0 and single["base_bytes"] > 0
+  # One tenant is a single-LoRA run; a second adds its adapters and moments, not a base.
+  assert one["resident_bytes"] == single["resident_bytes"]
+  assert two["resident_bytes"] == single["resident_bytes"] + single["state_bytes"]
+  assert 0.5 < ratio["vs_single_lora_runs"] < 1 and ratio["tenants"] == 2
