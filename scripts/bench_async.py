@@ -14,7 +14,9 @@ Modes: `sync`, `one_step_off` and `async` (`max_in_flight=2`) recompute `old_log
 trainer; the two asynchronous ones correct the staleness with truncated importance sampling on
 the sampler's log-probs (`config.loss.sampler_correction="truncate"`, cap 2). The
 `*_sampler_logp` modes take the sampler's log-probs as `old_logp` instead
-(`config.rollout.old_logp="sampler"`: no scoring pass) and compare with each other.
+(`config.rollout.old_logp="sampler"`: no scoring pass) and compare with each other. The
+`*_process` modes sample in a separate process (`config.rollout.sampler_process`) with one
+single-threaded device, the trainer's process training on its first device.
 Prints JSON lines:
 
   {"what": "matmul_peak", ...}                       # in-run reference
@@ -51,6 +53,10 @@ MODES = {
   # The sampler's log-probs as old_logp: no scoring pass (Miles' --use-rollout-logprobs).
   "sync_sampler_logp": dict(mode="sync", old_logp="sampler"),
   "one_step_off_sampler_logp": dict(mode="one_step_off", old_logp="sampler"),
+  # The sampler in a process of its own (`sampling.sampler_process`): it inherits XLA_FLAGS
+  # (single-threaded) and has JAX's one CPU device by default, the other core.
+  "one_step_off_process": dict(mode="one_step_off", sampler_process=True),
+  "async_process": dict(mode="async", max_in_flight=2, sampler_process=True),
 }
 
 _CONFIG = flags.DEFINE_string("config", str(ROOT / "configs" / "grpo_arith.py"),
@@ -132,7 +138,8 @@ def _plot(curves: list[dict], path: Path, window: int = 5) -> None:
 
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   colors = {"sync": "tab:blue", "one_step_off": "tab:orange", "async": "tab:green",
-            "sync_sampler_logp": "tab:purple", "one_step_off_sampler_logp": "tab:red"}
+            "sync_sampler_logp": "tab:purple", "one_step_off_sampler_logp": "tab:red",
+            "one_step_off_process": "tab:brown", "async_process": "tab:olive"}
   for mode in dict.fromkeys(c["mode"] for c in curves):
     seeds = sorted({c["seed"] for c in curves if c["mode"] == mode})
     runs = [[c for c in curves if c["mode"] == mode and c["seed"] == s] for s in seeds]

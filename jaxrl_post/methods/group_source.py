@@ -54,7 +54,7 @@ import numpy as np
 
 from jaxrl_post.methods import dynamic_sampling
 from jaxrl_post.parallel import multihost
-from jaxrl_post.sampling import Rollout, admission
+from jaxrl_post.sampling import Rollout, admission, sampler_process
 from jaxrl_post.training import async_rollouts
 
 # The rollout's per-row arrays a step uses (record-major, `group_size` rows per record).
@@ -121,7 +121,8 @@ class GroupSource:
     self.method, self.options, self.dynamic = method, options, dynamic
     self.draw, self.verify, self.advantages = draw, verify, advantages
     self.producer: async_rollouts.RolloutProducer | None = None
-    self.weights: async_rollouts.WeightSync | None = None
+    self.weights: async_rollouts.WeightSync | _ProcessWeights | None = None
+    self.remote: sampler_process.SamplerProcess | None = None  # `config.rollout.sampler_process`
     self.next_index = 1  # the next batch's number (sync mode; the producer keeps its own)
     self.redrawn = 0  # batches in flight or buffered at the checkpoint a run resumed from
     self.lost_retries = 0  # prompts in the retry queue at that checkpoint
@@ -203,14 +204,37 @@ class GroupSource:
       self._complete(records, rows)
     return rows
 
+  def _generate_remote(self, version: int, records: Sequence[Mapping[str, Any]], index: int
+                       ) -> dict[str, np.ndarray]:
+    """`_generate` in the sampler process, with weight version `version`."""
+    classes = caps = None
+    info = self._batches.get(id(records)) if self.scheduler is not None else None
+    if info is not None and info[2] is not None:
+      caps = info[2]
+      classes = [self.scheduler.classes.index(self.method.task.domain_of(r)) for r in records]
+    rows = self.remote.generate(version, [r["prompt"] for r in records],
+                                jax.random.fold_in(self.method.rng, index),
+                                prompt_classes=classes, class_caps=caps)
+    if self.scheduler is not None:
+      self._complete(records, rows)
+    return rows
+
   def _start_producer(self, state, step: int) -> None:
     placement = self.method.run.placement
-    self.weights = async_rollouts.WeightSync(
-      placement.sample_mesh, placement.sample_rules,
-      bucket_bytes=async_rollouts.bucket_bytes(self.options), verify=self.options.verify_sync)
+    generate = self._generate
+    if self.options.sampler_process:
+      self.remote = sampler_process.SamplerProcess(
+        self.method.config, self.method.model.config, env=dict(self.options.sampler_env or {}),
+        keep_versions=self.options.keep_versions)
+      self.weights = _ProcessWeights(self.remote)
+      generate = self._generate_remote
+    else:
+      self.weights = async_rollouts.WeightSync(
+        placement.sample_mesh, placement.sample_rules,
+        bucket_bytes=async_rollouts.bucket_bytes(self.options), verify=self.options.verify_sync)
     self.weights.publish(self.method.policy_params(state.params), version=step - 1)
     self.producer = async_rollouts.RolloutProducer(
-      draw=self.draw, data_state=self._position, generate=self._generate,
+      draw=self.draw, data_state=self._position, generate=generate,
       weights=self.weights, options=self.options, first_index=self.next_index)
 
   def _next_batch(self, state, step: int, timings: dict[str, float]):
@@ -338,6 +362,31 @@ class GroupSource:
     if self.producer is not None:
       self.producer.close()
       self.producer = None
+    if self.remote is not None:
+      self.remote.close()
+      self.remote = None
+
+
+class _ProcessWeights:
+  """`WeightSync`'s interface for a sampler process: `publish` sends a version there, and
+  `latest()` hands the producer the version number (the weights live in that process)."""
+
+  def __init__(self, remote: sampler_process.SamplerProcess):
+    self.remote = remote
+    self._lock = threading.Lock()
+    self._version: int | None = None
+
+  def publish(self, params, version: int) -> dict[str, float]:
+    metrics = self.remote.publish(params, version)
+    with self._lock:
+      self._version = version
+    return metrics
+
+  def latest(self) -> tuple[int, int]:
+    with self._lock:
+      if self._version is None:
+        raise RuntimeError("no weights were published yet")
+      return self._version, self._version
 
 
 def build_group_source(method, options: async_rollouts.RolloutOptions, *,

@@ -53,9 +53,13 @@ Admission (`config.rollout.admission`, default "none"): the producer's batches a
 through a `sampling.admission.RolloutScheduler` (`methods.group_source`), whose state is part
 of the data position saved above.
 
-Scope. One process: with several processes every sampler call is a collective that all of
-them must issue in the same order, which a free-running producer cannot promise; separate
-sampler and trainer processes are not built (`check_supported`).
+Sampler process (`config.rollout.sampler_process`, `sampling.sampler_process`): the producer
+sends each batch's prompts to a separate process with its own devices, and each published
+version goes there as host arrays; rows and metrics are the same as in-process.
+
+Scope. One trainer process: with several, every sampler call is a collective that all of
+them must issue in the same order, which a free-running producer cannot promise
+(`check_supported`). The sampler process is one process (no data-parallel fleet of them).
 """
 
 from __future__ import annotations
@@ -105,6 +109,13 @@ class RolloutOptions:
   # admit_size rows are prefilled together (0: max(1, num_slots // 8)).
   num_slots: int = 0
   admit_size: int = 0
+  # A sampler in a process of its own (`sampling.sampler_process`; producer modes only): the
+  # producer sends prompts there and the trainer publishes weights to it. `sampler_env`:
+  # variables added to that process's environment (its devices); `keep_versions`: weight
+  # versions it keeps (the producer may ask for one older than the newest).
+  sampler_process: bool = False
+  sampler_env: Any = None
+  keep_versions: int = 3
 
   @property
   def ahead(self) -> int:
@@ -141,6 +152,15 @@ def rollout_options(config) -> RolloutOptions:
     raise ValueError(f"config.rollout.num_slots={options.num_slots} must be >= 0 (0: static "
                      f"batches) and config.rollout.admit_size={options.admit_size} in [0, "
                      "num_slots] (0: num_slots // 8)")
+  if options.sampler_process and not options.uses_producer:
+    raise ValueError("config.rollout.sampler_process=True samples in another process, which "
+                     "needs a producer: set config.rollout.mode to 'one_step_off' or 'async'")
+  if options.keep_versions < 2 and options.sampler_process and options.mode != "async":
+    raise ValueError(f"config.rollout.keep_versions={options.keep_versions}: 'one_step_off' "
+                     "samples with the version before the newest, so keep at least 2")
+  if options.sampler_env is not None and not hasattr(options.sampler_env, "items"):
+    raise ValueError(f"config.rollout.sampler_env={options.sampler_env!r} must be a dict of "
+                     "environment variables, e.g. {'CUDA_VISIBLE_DEVICES': '7'}")
   if options.sync_bucket_mb <= 0:
     raise ValueError(f"config.rollout.sync_bucket_mb={options.sync_bucket_mb} must be > 0")
   if options.true_on_policy_tol < 0:

@@ -106,9 +106,15 @@ def test_bench_update_reports_mfu_and_a_torch_reference():
 
 def test_bench_async_compares_modes_against_sync(tmp_path):
   rows = _json_lines("bench_async.py", "--config=configs/grpo_arith.py:runlocal", "--steps=3",
-                     "--modes=sync,one_step_off", f"--out={tmp_path}", "--eval_examples=2")
-  assert [r["what"] for r in rows] == ["matmul_peak", "async_rollouts", "async_rollouts",
-                                      "async_speedup"]
+                     "--modes=sync,one_step_off,one_step_off_process", f"--out={tmp_path}",
+                     "--eval_examples=2")
+  assert [r["what"] for r in rows[:4]] == ["matmul_peak", "async_rollouts", "async_rollouts",
+                                          "async_rollouts"]
+  # The sampler process samples the in-process producer's rows: the same rewards.
+  assert rows[3]["mode"] == "one_step_off_process"
+  assert rows[3]["final_reward"] == rows[2]["final_reward"]
+  assert rows[3]["staleness"] == {"0": 1, "1": 2}
+  rows = rows[:3] + [r for r in rows[4:] if r["mode"] == "one_step_off"]
   sync, off = rows[1], rows[2]
   assert sync["staleness"] == {"0": 3} and off["staleness"] == {"0": 1, "1": 2}
   assert sync["devices"] == 2 and off["steps_per_hour"] > 0 and off["weight_sync_s"] > 0

@@ -147,6 +147,11 @@ def test_a_producer_failure_reaches_the_trainer():
   (dict(old_logp="engine"), "config.rollout.old_logp='engine'"),
   (dict(old_logp="sampler", true_on_policy=True), "needs config.rollout.old_logp='trainer'"),
   (dict(old_logp="sampler", loss=True), "config.loss.sampler_correction weights"),
+  (dict(sampler_process=True), "config.rollout.sampler_process=True samples in another"),
+  (dict(mode="one_step_off", sampler_process=True, keep_versions=1),
+   "config.rollout.keep_versions=1"),
+  (dict(mode="async", sampler_process=True, sampler_env="CUDA_VISIBLE_DEVICES=1"),
+   "config.rollout.sampler_env='CUDA_VISIBLE_DEVICES=1' must be a dict"),
 ])
 def test_bad_options_name_the_key(section, match):
   loss = {"sampler_correction": "truncate"} if section.pop("loss", False) else {}
