@@ -186,13 +186,15 @@ def table(rows: dict) -> str:
       " | ".join(fmt(diag[k], 3) if diag[k] else "" for k, _ in DIAGNOSTICS) +
       f" | {fmt([s['minutes'] for s in seeds.values()], 1)} |")
   lines += ["", *grid_report.question_lines(rows, QUESTIONS)]
+  if not rows:  # only grouped rows ran: no empty main table
+    lines = []
   if retain:
     lines += ["", "Retention (trained on arithmetic only; countdown and format evaluated):", "",
               retention_table(retain)]
   for (title, questions, diagnostics), group in groups:
     if group:
       lines += ["", f"{title}:", "", group_table(group, questions, diagnostics)]
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines).lstrip("\n") + "\n"
 
 
 def plots(rows: dict, out_dir: Path) -> None:
