@@ -1,26 +1,18 @@
 """scripts/mlref_retrain.py: fresh seeds, the tests' statistics, a tiny retrain end to end."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.rewards import module_pool as mp
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("mlref_retrain",
-                                                ROOT / "scripts" / "mlref_retrain.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "mlref_retrain.py")
 
 
 def _config(**kw):

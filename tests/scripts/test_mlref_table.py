@@ -1,6 +1,5 @@
 """scripts/mlref_table.py: tables and stability numbers from a hand-written fitness.jsonl."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,18 +8,12 @@ import pytest
 from absl import app
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("mlref_table", ROOT / "scripts" / "mlref_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "mlref_table.py")
 
 
 def test_stability_counts_drops_and_new_bests():

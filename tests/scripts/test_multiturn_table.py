@@ -1,7 +1,6 @@
 """scripts/multiturn_table.py and scripts/multiturn_grid.sh: the paired table on hand-written
 runs, and the grid's commands (dry run) against the config."""
 
-import importlib.util
 import json
 import os
 import shlex
@@ -19,15 +18,7 @@ from jaxrl_post.training.metrics import write_eval_outcomes
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("multiturn_table",
-                                                ROOT / "scripts" / "multiturn_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "multiturn_table.py")
 START = [0, 0, 1, 1]  # the cold start's per-episode success (sampled and greedy)
 
 

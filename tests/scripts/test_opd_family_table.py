@@ -1,7 +1,6 @@
 """scripts/opd_family_table.py and scripts/opd_family_grid.sh: the grid's table arithmetic on
 hand-written runs, and every row's command (dry run) against the config's validation."""
 
-import importlib.util
 import json
 import os
 import shlex
@@ -18,15 +17,7 @@ from jaxrl_post.training.metrics import write_eval_outcomes
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("opd_family_table",
-                                                ROOT / "scripts" / "opd_family_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "opd_family_table.py")
 
 
 def _run(root: Path, name: str, seed: int, before, after, records, minutes=2.0):

@@ -1,6 +1,5 @@
 """scripts/opd_table.py: the Open-MOPD table's arithmetic on hand-written metrics files."""
 
-import importlib.util
 import json
 import os
 import shlex
@@ -11,18 +10,12 @@ import pytest
 from absl import app
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("opd_table", ROOT / "scripts" / "opd_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "opd_table.py")
 
 
 def _write(run: Path, records, seconds=None):

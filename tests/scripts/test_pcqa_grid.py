@@ -1,6 +1,5 @@
 """scripts/pcqa_grid.py's command line (absl flags; the words after `--` go to every run)."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -9,19 +8,13 @@ import pytest
 from absl import flags
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "pcqa_synthetic.py"
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("pcqa_grid", ROOT / "scripts" / "pcqa_grid.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "pcqa_grid.py")
 
 
 def test_dry_run_prints_every_run_with_the_extra_flags(tmp_path, capsys):

@@ -1,6 +1,5 @@
 """scripts/pcqa_table.py on a hand-written workdir: the `capable` stage is a row when present."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,16 +7,10 @@ import pytest
 from absl import app, flags
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS = ("syn_a", "syn_b", "syn_c")
-
-
-def _load():
-  spec = importlib.util.spec_from_file_location("pcqa_table", ROOT / "scripts" / "pcqa_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _write_run(run: Path, srcc: float, steps=(10,)):
@@ -44,7 +37,7 @@ def _workdir(tmp_path: Path, *, capable: bool) -> Path:
 
 def _main(workdir: Path, out: Path) -> list[str]:
   # The command line `pcqa_table.py --workdir=W --out=PREFIX` (absl flags).
-  script = _load()
+  script = load_module(ROOT / "scripts" / "pcqa_table.py")
   script.main(script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--workdir={workdir}",
                                                 f"--out={out}"]))
   return Path(f"{out}_table.md").read_text().splitlines()
@@ -60,7 +53,7 @@ def test_capable_stage_is_the_first_row_when_present(tmp_path):
 
 
 def test_flags_are_required_and_positionals_refused(tmp_path):
-  script = _load()
+  script = load_module(ROOT / "scripts" / "pcqa_table.py")
   with pytest.raises(flags.IllegalFlagValueError, match="--workdir"):
     script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--out={tmp_path / 'x'}"])
   argv = script_flags.parse(script.FLAGS, ["pcqa_table.py", f"--workdir={tmp_path}",
@@ -74,7 +67,7 @@ def test_hidden_quality_reference_row_scores_q_against_each_target_mos(tmp_path)
 
   from jaxrl_post.tasks import point_clouds as pc
 
-  script = _load()
+  script = load_module(ROOT / "scripts" / "pcqa_table.py")
   datasets = ("syn_a", "syn_d", "syn_e")
   row = script.hidden_quality_row(datasets, source="syn_a", test_size=40, num_points=16)
   for d in datasets:

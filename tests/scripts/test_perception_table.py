@@ -1,6 +1,5 @@
 """scripts/perception_table.py: its command line (absl flags) on hand-written metrics files."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,19 +7,12 @@ import pytest
 from absl import app
 
 from jaxrl_post import script_flags
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("perception_table",
-                                                ROOT / "scripts" / "perception_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "perception_table.py")
 
 
 def test_command_line_prints_the_table_and_writes_the_plots(tmp_path, capsys):

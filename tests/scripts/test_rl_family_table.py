@@ -1,7 +1,6 @@
 """scripts/rl_family_table.py and scripts/rl_family_grid.sh: the table's arithmetic on
 hand-written runs, and every row's command (dry run) builds a valid config."""
 
-import importlib.util
 import json
 import os
 import shlex
@@ -17,15 +16,7 @@ from jaxrl_post.training.metrics import write_eval_outcomes
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location("rl_family_table",
-                                                ROOT / "scripts" / "rl_family_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SCRIPT = _load()
+SCRIPT = load_module(ROOT / "scripts" / "rl_family_table.py")
 
 
 def _run(root, name, seed, last, curve, extra=(), minutes=2.0):
