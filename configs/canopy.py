@@ -21,19 +21,26 @@ below names experiments/rtpo.py for scripts/sweep.py):
   python scripts/sweep.py --config=configs/canopy.py --workdir=/tmp/canopy_kv \
       -- --config.init_from=/tmp/canopy_kv/sft
 
-  turn_grpo        the host: Bessel-std GRPO, no quarantine, no pilot (same β)
-  canopy           the protocol, G = 8
-  small group      G = 4 (the paper's n 32 → 8 ablation, scaled), group-size check only warns
-  no KL            β = 0
-  sequence-norm    loss_agg_mode = seq-mean-token-mean (per-turn-row normalisation here)
+  method=turn_grpo          the host: Bessel-std GRPO, no quarantine, no pilot (same β)
+  method=canopy             the protocol, G = 8
+  ablation=g4               G = 4 (the paper's n 32 → 8 ablation, scaled); the group-size
+                            check only warns
+  ablation=no_kl            β = 0
+  ablation=seq_norm         loss_agg_mode = seq-mean-token-mean (per-turn-row normalisation)
+
+or with scripts/multiturn_grid.sh (one cold start, the paired table; arms `label:variant`):
+
+  CONFIG=configs/canopy.py ARMS="turn_grpo canopy g4:ablation=g4 no_kl:ablation=no_kl \
+      seq_norm:ablation=seq_norm" bash scripts/multiturn_grid.sh /tmp/canopy_kv
 
 The paper's "2 mini-batches" ablation is not offered: `check_canopy_protocol` rejects it (it
 would no longer be CANOPY's ratio-1 objective). Not measured yet at full size; the runlocal smoke
 run (tests/experiments/test_canopy_runlocal.py) takes ≈ 20-40 s on 2 CPU cores.
 
 Variants (after the colon): `env=kv|calculator`, `method=canopy|turn_grpo|sft|...`,
-`horizon=K` (default 4), `seed=<n>`, `model=<preset>`, `steps=<n>`, `budget=<tokens>`,
-`runlocal` (a few steps, for tests; the pilot then has 4 episodes and only warns). Knobs:
+`horizon=K` (default 4), `ablation=none|g4|no_kl|seq_norm`, `seed=<n>`, `model=<preset>`,
+`steps=<n>`, `budget=<tokens>`, `runlocal` (a few steps, for tests; the pilot then has 4
+episodes and only warns). Knobs:
 `--config.canopy.coverage_target=0.8`, `--config.canopy.enforce_group_size=True`,
 `--config.canopy.pilot_episodes=64`, `--config.canopy.exact_coverage=False`,
 `--config.canopy.fault_errors="('timeout',)"`, `--config.canopy.std=True`,
@@ -50,13 +57,20 @@ _HERE = Path(__file__).resolve().parent
 ENV_CONFIGS = {"kv": "rtpo_kv.py", "calculator": "rtpo_calculator.py"}
 SEEDS = (0, 1, 2)
 BETA = 1e-4  # the paper's AppWorld KL coefficient
-# The arms of the sweep: the host and CANOPY's ablations, as config overrides.
+# The paper's ablations (`ablation=`), each a change of the protocol's config.
+ABLATIONS = {
+  "none": {},
+  "g4": {"group_size": 4},  # n 32 → 8 in the paper, scaled to our G = 8; only warns
+  "no_kl": {"beta": 0.0},
+  "seq_norm": {"loss_agg_mode": "seq-mean-token-mean"},
+}
+# The arms of the sweep: the host and CANOPY's ablations.
 ARMS = (
   dict(method="turn_grpo"),
   dict(method="canopy"),
-  {"method": "canopy", "group_size": 4, "canopy.enforce_group_size": False},
-  {"method": "canopy", "loss.beta": 0.0},
-  {"method": "canopy", "loss.loss_agg_mode": "seq-mean-token-mean"},
+  dict(method="canopy", ablation="g4"),
+  dict(method="canopy", ablation="no_kl"),
+  dict(method="canopy", ablation="seq_norm"),
 )
 
 BINARY = "experiments/rtpo.py"
@@ -64,9 +78,11 @@ BINARY = "experiments/rtpo.py"
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, env="kv", method="canopy", horizon=4, seed=0, model="",
-                  steps=0, budget=-1)
+                  steps=0, budget=-1, ablation="none")
   if arg.env not in ENV_CONFIGS:
     raise ValueError(f"unknown env {arg.env!r}; valid: {', '.join(ENV_CONFIGS)}")
+  if arg.ablation not in ABLATIONS:
+    raise ValueError(f"unknown ablation {arg.ablation!r}; valid: {', '.join(ABLATIONS)}")
   words = [f"method={arg.method}", f"horizon={arg.horizon}", f"seed={arg.seed}",
            f"steps={arg.steps}", f"budget={arg.budget}"]
   words += [f"model={arg.model}"] if arg.model else []
@@ -79,6 +95,14 @@ def get_config(arg=None):
     coverage_target=0.8, enforce_group_size=not arg.runlocal,
     pilot_episodes=4 if arg.runlocal else 64, exact_coverage=False, fault_errors=("timeout",),
     std=True, eps=1e-6))
+  ablation = ABLATIONS[arg.ablation]
+  if "group_size" in ablation:
+    config.group_size = ablation["group_size"]
+    config.canopy.enforce_group_size = False  # the ablation is below the rule on purpose
+  if "beta" in ablation and arg.method != "sft":
+    config.loss.beta = ablation["beta"]
+  if "loss_agg_mode" in ablation:
+    config.loss.loss_agg_mode = ablation["loss_agg_mode"]
   return config
 
 

@@ -5,15 +5,18 @@
 #   CONFIG=configs/temporal_grpo.py ARMS="turn_grpo stage_reward temporal_grpo" \
 #       bash scripts/multiturn_grid.sh /tmp/tgrpo_kv      # then: cat /tmp/tgrpo_kv/table.md
 #
-# Each arm is a `method=` of CONFIG (the arms differ only in it); `<root>/sft` is the cold start
+# Each arm is a `method=` of CONFIG, or `<label>:<variant>` for an arm that is other config
+# words (e.g. `no_kl:ablation=no_kl`, run in runs/no_kl); `<root>/sft` is the cold start
 # (`method=sft`, SFT_STEPS steps), `<root>/runs/<arm>/seed<s>` the RL runs. The table
 # (scripts/multiturn_table.py) compares every arm with BASELINE (default: the first arm) seed
 # by seed on the same held-out episodes.
 #
 # Knobs (environment): CONFIG, ARMS, SEEDS (default "0 1 2"), SFT_STEPS (default 400: sampled
 # success ≈ 0.2 at K = 4, room to improve; 800 steps saturate it), VARIANT (more config args,
-# e.g. "horizon=6"), EXTRA (flags for every RL run), JOBS (seed lanes at once, default 1),
-# BASELINE, METRICS (comma-separated training metrics the table averages over steps). A finished stage leaves <run>/DONE and is skipped on a rerun; DRY_RUN=1 prints the
+# e.g. "horizon=6"), EXTRA (flags for every RL run), JOBS (seed lanes at once, default 1: each
+# lane runs every arm of one seed in turn, so JOBS=3 runs the three seeds side by side),
+# BASELINE (an arm's label), METRICS (comma-separated training metrics the table averages over
+# steps). A finished stage leaves <run>/DONE and is skipped on a rerun; DRY_RUN=1 prints the
 # commands.
 set -euo pipefail
 R=${1:?usage: scripts/multiturn_grid.sh <root dir>}
@@ -24,7 +27,8 @@ SFT_STEPS=${SFT_STEPS:-400}
 VARIANT=${VARIANT:+,$VARIANT}
 EXTRA=${EXTRA:-}
 JOBS=${JOBS:-1}
-BASELINE=${BASELINE:-${ARMS%% *}}
+FIRST_ARM=${ARMS%% *}
+BASELINE=${BASELINE:-${FIRST_ARM%%:*}}
 cd "$(dirname "$0")/.."
 mkdir -p "$R"
 
@@ -34,11 +38,13 @@ stage "$R/sft" python experiments/rtpo.py --config="$CONFIG:method=sft$VARIANT" 
   --workdir="$R/sft" --config.steps="$SFT_STEPS" --verbosity=-1
 
 seed_lane() {
-  local arm
+  local arm label words
   for arm in $ARMS; do
+    label=${arm%%:*} words="method=$arm"
+    [[ $arm == *:* ]] && words=${arm#*:}
     # shellcheck disable=SC2086  # EXTRA is a list of flags
-    stage "$R/runs/$arm/seed$1" python experiments/rtpo.py \
-      --config="$CONFIG:method=$arm,seed=$1$VARIANT" --workdir="$R/runs/$arm/seed$1" \
+    stage "$R/runs/$label/seed$1" python experiments/rtpo.py \
+      --config="$CONFIG:$words,seed=$1$VARIANT" --workdir="$R/runs/$label/seed$1" \
       --config.init_from="$R/sft" $EXTRA --verbosity=-1
   done
 }

@@ -82,7 +82,14 @@ def test_canopy_sweep_is_the_host_and_ablations_over_three_seeds():
   module.sweep(lambda **kw: added.append(kw))
   assert len(added) == 15 and [a["seed"] for a in added[::5]] == [0, 1, 2]
   assert [a["method"] for a in added[:5]] == ["turn_grpo"] + ["canopy"] * 4
-  assert {"loss.beta": 0.0} .items() <= added[3].items()
+  assert [a.get("ablation", "none") for a in added[:5]] == [
+    "none", "none", "g4", "no_kl", "seq_norm"]
+  g4, no_kl, seq_norm = (module.get_config(f"ablation={a}") for a in ("g4", "no_kl", "seq_norm"))
+  assert g4.group_size == 4 and not g4.canopy.enforce_group_size and g4.loss.beta == 1e-4
+  assert no_kl.loss.beta == 0.0 and no_kl.group_size == 8
+  assert seq_norm.loss.loss_agg_mode == "seq-mean-token-mean" and seq_norm.loss.beta == 1e-4
+  with pytest.raises(ValueError, match="unknown ablation 'no_clip'"):
+    module.get_config("ablation=no_clip")
   config = module.get_config("")
   assert config.method == "canopy" and config.group_size == 8 and config.loss.beta == 1e-4
   assert config.loss.kl_estimator == "k3" and config.loss.loss_agg_mode == "token-mean"

@@ -85,3 +85,20 @@ def test_grid_commands_build_valid_configs(tmp_path):
       assert args["config.steps"] == "400"
   assert methods[0] == "sft" and sorted(methods[1:]) == sorted(
     ["turn_grpo", "stage_reward", "temporal_grpo"] * 2)
+
+
+def test_grid_arms_with_config_words_run_under_their_label(tmp_path):
+  env = dict(os.environ, DRY_RUN="1", SEEDS="1", CONFIG="configs/canopy.py",
+             ARMS="turn_grpo no_kl:ablation=no_kl", VARIANT="budget=1000")
+  out = subprocess.run(["bash", str(ROOT / "scripts" / "multiturn_grid.sh"), str(tmp_path)],
+                       capture_output=True, text=True, env=env, check=True, timeout=60).stdout
+  commands = [shlex.split(line[len("+ "):]) for line in out.splitlines() if line.startswith("+ ")]
+  config_module = load_module(ROOT / "configs" / "canopy.py", "canopy_config")
+  runs = {}
+  for command in commands[1:]:
+    args = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
+    runs[args["workdir"]] = config_module.get_config(args["config"].split(":", 1)[1])
+  host, no_kl = runs[f"{tmp_path}/runs/turn_grpo/seed1"], runs[f"{tmp_path}/runs/no_kl/seed1"]
+  assert host.method == "turn_grpo" and host.loss.beta == 1e-4 and host.seed == 1
+  assert no_kl.method == "canopy" and no_kl.loss.beta == 0.0 and no_kl.seed == 1
+  assert len(runs) == 2
