@@ -34,7 +34,8 @@ Variants (after the colon): `env=kv|calculator`, `method=factor|turn_grpo|sft|..
 `horizon=K` (default 4), `seed=<n>`, `model=<preset>`, `steps=<n>`, `budget=<tokens>`,
 `runlocal` (1 checkpoint × 2 continuations). Knobs `config.factor.*`: `checkpoints` and
 `continuations` (paper "2×4"), `tac`, `hta`, `eta_start` (0.7) and `eta_end` (PROPOSAL 0.3) of
-the linear η anneal over `eta_steps` (the config's `steps` when built), `tau` (1), `d` (3),
+the linear η anneal over `eta_steps` (the config's `steps` when built; with a token budget,
+over the fraction of it spent instead), `tau` (1), `d` (3),
 `standardize` (PROPOSAL: divide A* by the group's population std), `eps`, `template` and
 `terminal` (the hindsight line, PROPOSAL: OCSD's short form).
 """

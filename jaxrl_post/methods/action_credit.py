@@ -35,7 +35,8 @@ Here it is the `factor` mode of experiments/rtpo.py, a batch hook of turn-level 
                 on per-token advantages C `[rows, La]`: each row (action) is a sequence, so this
                 is `factor_loss` exactly (−(1/Σ T_i) Σ_actions (1/L_t) Σ_j min(qC, clip(q)C));
                 `check_factor_protocol` checks that setting.
-  η             `losses.factor.factor_eta`: linear 0.7 → 0.3 over `eta_steps` (PROPOSAL).
+  η             `losses.factor.factor_eta`: linear 0.7 → 0.3 over `eta_steps` (PROPOSAL),
+                or over the generated-token budget when the run has one (see `at_step`).
 
 The continuations' generated tokens join the step's budget count (`factor/continuation_tokens`).
 """
@@ -86,6 +87,8 @@ class FactorConfig:
     eta_start, eta_end: the η anneal (paper 0.7; the end 0.3 is a PROPOSAL).
     eta_steps: the anneal's length in steps (0: `config.steps`). configs/factor.py fixes it when
       the config is built, so a run resumed with a larger `--config.steps` keeps its schedule.
+      Unused when the run has a generated-token budget: a budgeted run stops at its budget,
+      not at `config.steps`, so η then anneals over the fraction of the budget spent.
     tau, d: softmax temperature and gap clip of HTA (paper: 1 and 3).
     standardize: divide A* by the group's population std (PROPOSAL, True).
     eps: ε of that division.
@@ -196,8 +199,8 @@ class RolloutBackend(Protocol):
 class ActionCredit:
   """FACTOR's batch hook of turn GRPO: TAC credit per turn row, HTA/APM coefficients per token.
 
-  Returns the batch with `adv` `[rows, La]` = C. Use `at_step(step)` for the step's η and
-  continuation key. Metrics: `factor/eta`, `factor/continuations` (episodes played),
+  Returns the batch with `adv` `[rows, La]` = C. Use `at_step(step, progress)` for the step's η
+  and continuation key. Metrics: `factor/eta`, `factor/continuations` (episodes played),
   `factor/continuation_tokens`, `factor/astar_abs_mean`, `factor/astar_sum_gap` (max over
   rollouts of |Σ_t A*_t − A_i|, 0 by construction), `factor/multiplier_dev` (max |action-mean
   multiplier − 1|), `factor/sign_agree` (share of tokens whose C has its action's sign),
@@ -211,6 +214,9 @@ class ActionCredit:
     total_steps: the η anneal's length (`config.steps`).
     config: `FactorConfig`.
     seed, step: the continuations' key and η come from them.
+    progress: the fraction of the run's generated-token budget spent before this step, in
+      [0, 1], or None for a run without a budget; when set, η anneals over it instead of
+      `step / total_steps`.
   """
 
   backend: RolloutBackend
@@ -221,6 +227,7 @@ class ActionCredit:
   config: FactorConfig = FactorConfig()
   seed: int = 0
   step: int = 0
+  progress: float | None = None
   # TAC changes which rows are zero: the host's zero-advantage skip looks at ours.
   replaces_advantages = True
 
@@ -230,8 +237,23 @@ class ActionCredit:
     if self.total_steps < 1:
       raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
 
-  def at_step(self, step: int) -> ActionCredit:
-    return dataclasses.replace(self, step=int(step))
+  def at_step(self, step: int, progress: float | None = None) -> ActionCredit:
+    """The hook of `step`; `progress`: the budget fraction spent before it (None: no budget)."""
+    if progress is not None and not 0.0 <= progress <= 1.0 + 1e-9:
+      raise ValueError(f"progress={progress!r} must be in [0, 1] (the budget fraction spent)")
+    return dataclasses.replace(self, step=int(step),
+                               progress=None if progress is None else min(float(progress), 1.0))
+
+  def eta(self) -> float:
+    """η of this step: the linear anneal over steps, or over the budget fraction spent."""
+    if not self.config.hta:
+      return 0.0
+    if self.progress is None:
+      at, total = self.step, self.total_steps
+    else:
+      at, total = self.progress, 1
+    return float(factor_eta(at, total_steps=total, eta_start=self.config.eta_start,
+                            eta_end=self.config.eta_end))
 
   def values(self, params, trajectories: Sequence[SampledTrajectory], baseline: np.ndarray,
              live: np.ndarray, num_steps: int) -> tuple[np.ndarray, dict[str, float]]:
@@ -286,8 +308,7 @@ class ActionCredit:
       std=std if self.config.standardize else None, eps=self.config.eps))
     row_star = a_star[layout.episode, layout.step]  # [N]
     mask = np.asarray(batch.loss_mask[:n], bool)
-    eta = factor_eta(self.step, total_steps=self.total_steps, eta_start=self.config.eta_start,
-                     eta_end=self.config.eta_end) if self.config.hta else 0.0
+    eta = self.eta()
     delta = np.zeros(mask.shape, np.float32)
     if self.config.hta and n:
       full, _ = replay_turns(turns, tokenizer=self.tokenizer, config=self.config.hindsight,

@@ -858,8 +858,13 @@ class RTPO:
       step_tokens = 0
     else:
       hook = self.batch_hook
-      if isinstance(hook, (rubric_credit.RubricCredit, action_credit.ActionCredit)):
-        hook = hook.at_step(step)  # DRACO's leniency draws, FACTOR's η and continuations
+      if isinstance(hook, rubric_credit.RubricCredit):
+        hook = hook.at_step(step)  # DRACO's leniency draws
+      elif isinstance(hook, action_credit.ActionCredit):
+        # FACTOR's continuations and η; a budgeted run anneals η over its budget, which ends
+        # it long before `config.steps` (continuations take most of its tokens).
+        budget = config.max_generated_tokens
+        hook = hook.at_step(step, self.generated_tokens / budget if budget else None)
       out = method_step(
         state, learner, [self.env.initial_state(i, "train") for i in indices],
         config=self.method, rng=jax.random.fold_in(self.rng, step),

@@ -19,11 +19,14 @@ FACTOR_KEYS = ("factor/eta", "factor/continuations", "factor/continuation_tokens
                "factor/sign_agree", "factor/delta_mean")
 
 
-def _train(env, workdir, steps):
+BUDGET = 10**6  # generated tokens: never reached in 4 steps, so η follows the fraction spent
+
+
+def _train(env, workdir, steps, budget=BUDGET):
   # The untrained `tiny` never succeeds, so every group's returns are equal: without the std
   # division (standardize=False) the rollouts are still continued from their checkpoints.
   command = [sys.executable, str(ROOT / "experiments" / "rtpo.py"),
-             f"--config={CONFIG}:runlocal,horizon=2", f"--workdir={workdir}",
+             f"--config={CONFIG}:runlocal,horizon=2,budget={budget}", f"--workdir={workdir}",
              f"--config.steps={steps}", "--config.eval_every=100", "--config.eval_sampled=False",
              "--config.factor.standardize=False"]
   result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
@@ -46,9 +49,16 @@ def test_factor_runlocal_logs_and_resumes_exactly(tmp_path):
     assert r["budget/step_tokens"] > r["factor/continuation_tokens"]
     assert r["factor/astar_sum_gap"] < 1e-5 and r["factor/multiplier_dev"] < 1e-5
     assert r["train/num_updates"] == 1
-  # η anneals linearly from 0.7 to 0.3 over runlocal's 2 steps (fixed when the config is built,
-  # so a resumed run with more steps keeps the schedule), then stays.
-  assert [r["factor/eta"] for r in straight] == pytest.approx([0.5, 0.3, 0.3, 0.3])
+  # With a token budget, η anneals linearly from 0.7 to 0.3 over the fraction of it spent
+  # before the step (the run ends at its budget, long before `config.steps`).
+  spent = [r["budget/generated_tokens"] - r["budget/step_tokens"] for r in straight]
+  assert spent[0] == 0 and spent[1] > 0
+  assert [r["factor/eta"] for r in straight] == pytest.approx(
+    [0.7 - 0.4 * s / BUDGET for s in spent], abs=1e-6)
+  # Without one, over runlocal's 2 steps (fixed when the config is built, so a resumed run with
+  # more steps keeps the schedule), then it stays at 0.3.
+  unbudgeted = _train(env, tmp_path / "unbudgeted", 3, budget=0)
+  assert [r["factor/eta"] for r in unbudgeted] == pytest.approx([0.5, 0.3, 0.3])
   _train(env, tmp_path / "resumed", 2)
   resumed = _train(env, tmp_path / "resumed", 4)
   assert [r["step"] for r in resumed] == [1, 2, 3, 4]

@@ -146,6 +146,12 @@ def test_hindsight_coefficients_keep_the_action_mean():
   out, metrics = _hook(backend).at_step(2)(None, trajs, _batch(trajs))
   eta = 0.7 + (0.3 - 0.7) * 2 / 4  # the linear anneal at step 2 of 4
   assert metrics["factor/eta"] == pytest.approx(eta)
+  # With a token budget, η follows the fraction spent, whatever the step count.
+  assert _hook(backend).at_step(3, 0.5).eta() == pytest.approx(0.7 + (0.3 - 0.7) * 0.5)
+  assert _hook(backend).at_step(1, 1.0).eta() == pytest.approx(0.3)
+  assert _hook(backend, hta=False).at_step(1, 0.2).eta() == 0.0
+  with pytest.raises(ValueError, match="progress=1.5 must be in"):
+    _hook(backend).at_step(0, 1.5)
   (teacher, t_logp), (student, s_logp) = backend.scored
   # The teacher's rows are the student's contexts plus the hindsight line, same actions.
   assert "[hindsight: " in TOK.decode(teacher.prompt_tokens[0][teacher.prompt_mask[0]],
