@@ -34,6 +34,8 @@
 #   cd_rft          the SCB penalty at γ = 0.01 (the PROPOSAL default)
 #   cd_rft_g0.1     γ = 0.1
 #   cd_rft_g0       γ = 0: the matched GRPO step (SCB logged, no penalty)
+# (SCB needs ≥ 2 families with a policy gradient: these rows need the mixed student, not an
+# arithmetic-only one, which earns no countdown / format reward and logs SCB = 0 throughout.)
 #
 # Knobs (environment): SEEDS (default "0 1 2"), STEPS (default 20), PROMPTS (prompts per step,
 # default 16; 8 rollouts each), EVAL_EXAMPLES (default 256), EVAL_EVERY (default 5), ROWS (a
