@@ -302,6 +302,7 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
   method.start(run, state)
   if run.start.kind == "workdir":
     state, extra = run_setup.restore(run.start, checkpointer, state)
+    run_setup.check_resume_identity(config, workdir, extra.get("run"))
   resumed = run.start.kind in ("workdir", "resume")
   # Checkpoints written before the one loop kept the step as "rl_step" / "phase_step" and
   # the method's state at the top level; they resume too.
@@ -332,7 +333,8 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
     # Copied: an asynchronous save reads them after the method may have changed them in place.
     arrays = (jax.tree.map(np.array, method.array_state()) if hasattr(method, "array_state")
               else None)
-    checkpointer.save(step, state, extra={"step": step, "method": method.state_dict()},
+    checkpointer.save(step, state, extra={"step": step, "method": method.state_dict(),
+                                          "run": run_setup.run_identity(config)},
                       arrays=arrays,
                       sharded=method.sharded_state() if hasattr(method, "sharded_state")
                       else None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -367,6 +368,38 @@ def start_point(config, workdir: str | os.PathLike, *,
     except (ValueError, FileNotFoundError) as e:
       raise type(e)(f"config.init_from={config.init_from!r}: {e}") from None
   return resolve_start(own, resume=config.get("resume") or None, init_from=init_from)
+
+
+# The keys that make a run what it is, saved with every checkpoint: resuming a workdir's
+# checkpoint under other values would continue another trajectory under this run's name (e.g.
+# a grid rerun into a workdir that a stale process of an earlier grid had written).
+RUN_IDENTITY_KEYS = ("init_from", "model", "seed")
+
+
+def run_identity(config) -> dict[str, str]:
+  """`RUN_IDENTITY_KEYS` of `config` as strings (unset: ""), for a checkpoint's extra JSON."""
+  values = {key: config.get(key) for key in RUN_IDENTITY_KEYS}
+  return {key: "" if value is None else str(value) for key, value in values.items()}
+
+
+def check_resume_identity(config, workdir: str | os.PathLike,
+                          saved: Mapping[str, str] | None) -> None:
+  """Raises if a run resuming its own workdir has other `RUN_IDENTITY_KEYS` than the run that
+  wrote the checkpoint (`saved`: its `run_identity`; None for checkpoints older than the check).
+
+  Other keys may change on resume (`steps`, evaluation and logging cadence, ...).
+
+  Raises:
+    ValueError: naming each `config.<key>`, both values, and what to do.
+  """
+  if not saved:
+    return
+  ours = run_identity(config)
+  changed = [f"config.{key}={ours[key]!r} (the checkpoint's run: {saved[key]!r})"
+             for key in RUN_IDENTITY_KEYS if key in saved and saved[key] != ours[key]]
+  if changed:
+    raise ValueError(f"{workdir} holds checkpoints of another run: {'; '.join(changed)}. Resume "
+                     "with the same values, or give this run a new --workdir")
 
 
 def host_metrics(metrics) -> dict[str, float]:

@@ -49,6 +49,28 @@ def test_resume_gives_the_uninterrupted_history_and_method_state(tmp_path):
     np.testing.assert_array_equal(started, np.asarray(init))
 
 
+def test_resuming_another_runs_checkpoint_fails_naming_the_key(tmp_path):
+  elsewhere = regression_config(steps=2)
+  loop.train(elsewhere, tmp_path / "elsewhere", Regression(elsewhere))
+  first = regression_config(steps=2)
+  loop.train(first, tmp_path, Regression(first))
+  # Another seed or starting point in the same workdir would continue the first run's
+  # trajectory under the new config: refused, before anything is built.
+  other = regression_config(steps=4, seed=first.seed + 1)
+  with pytest.raises(ValueError, match=rf"config.seed='{first.seed + 1}' \(the checkpoint's "
+                     rf"run: '{first.seed}'\).*new --workdir"):
+    loop.train(other, tmp_path, Regression(other))
+  other = regression_config(steps=4, init_from=str(tmp_path / "elsewhere"))
+  with pytest.raises(ValueError,
+                     match="config.init_from='.*elsewhere' \\(the checkpoint's run: ''"):
+    loop.train(other, tmp_path, Regression(other))
+  # More steps (or any other key) resume as before.
+  more = regression_config(steps=4)
+  method = Regression(more)
+  loop.train(more, tmp_path, method)
+  assert [s for s, _ in _records(tmp_path, "train/mse")] == [1, 2, 3, 4]
+
+
 def test_done_stops_early_with_a_checkpoint_and_a_rerun_does_nothing(tmp_path):
   config = regression_config(stop_at=3, checkpoint_every=100, eval_every=100)
   loop.train(config, tmp_path, Regression(config))
