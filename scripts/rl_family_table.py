@@ -12,7 +12,8 @@ questions (`QUESTIONS`) as paired differences, seed by seed; then the retention 
 (`retain_*`: trained on the mixture's arithmetic): each run's own change from step 0 on
 arithmetic and on the retained domains, and `RETAIN_QUESTIONS` per domain.
 
-Plot: `rl_family_accuracy.png`, held-out accuracy over steps (mean over seeds) per row.
+Plots: `rl_family_accuracy.png`, held-out accuracy over steps (mean over seeds) per row, and
+`rl_family_<group>.png` likewise for each row group that ran (e.g. `rl_family_cd_rft.png`).
 """
 
 from __future__ import annotations
@@ -197,21 +198,32 @@ def table(rows: dict) -> str:
   return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def plots(rows: dict, out_dir: Path) -> None:
-  out_dir.mkdir(parents=True, exist_ok=True)
+def _accuracy_plot(rows: dict, title: str, path: Path) -> None:
   fig, ax = plt.subplots(figsize=(6.5, 3.8))
   for row, seeds in rows.items():
-    if row.startswith(("retain_", *(p for prefixes in GROUPS for p in prefixes))):
-      continue
     steps, accs = grid_report.curve(seeds, ACC)
     ax.plot(steps, accs, marker="o", label=row, linestyle="--" if row == BASELINE else "-")
   ax.set_xlabel("step")
   ax.set_ylabel("held-out greedy accuracy (mean over seeds)")
-  ax.set_title("RL family on the task mixture")
+  ax.set_title(title)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(out_dir / "rl_family_accuracy.png", dpi=110)
+  fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def plots(rows: dict, out_dir: Path) -> None:
+  """`rl_family_accuracy.png` for the main rows, `rl_family_<group>.png` for each row group
+  (named by its first prefix, e.g. `rl_family_cd_rft.png`); a plot only where rows ran."""
+  out_dir.mkdir(parents=True, exist_ok=True)
+  grouped = ("retain_", *(p for prefixes in GROUPS for p in prefixes))
+  main_rows = {k: v for k, v in rows.items() if not k.startswith(grouped)}
+  if main_rows:
+    _accuracy_plot(main_rows, "RL family on the task mixture", out_dir / "rl_family_accuracy.png")
+  for prefixes, (title, _, _) in GROUPS.items():
+    group = {k: v for k, v in rows.items() if k.startswith(prefixes)}
+    if group:
+      _accuracy_plot(group, title, out_dir / f"rl_family_{prefixes[0]}.png")
 
 
 def main(argv: list[str]) -> None:

@@ -148,3 +148,7 @@ def test_rail_and_cd_rft_rows_get_their_own_tables(tmp_path):
   assert [c.strip() for c in question.strip("|").split("|")][1:3] == [
     "+25.0 / +25.0", "+25.0 ± 0.0"]
   assert text.startswith("Rollout interventions")  # no empty main table above the groups
+  # One plot per group that ran, none for the empty main rows.
+  SCRIPT.plots(SCRIPT.grid_report.collect_runs(tmp_path), tmp_path / "plots")
+  assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+    "rl_family_cd_rft.png", "rl_family_rail.png"]
