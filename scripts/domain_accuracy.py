@@ -5,14 +5,14 @@ r"""Held-out greedy accuracy per domain of a grid's runs on a task mixture.
 A mixture run logs one `eval/accuracy` over its held-out prompts, which mixes the domains; the
 per-prompt outcomes (`eval_outcomes/`, `greedy_correct`) keep them apart. This script rebuilds
 the run's held-out prompts exactly as the GRPO evaluator chose them (`methods.grpo.
-fitting_indices` on the run's own config.json), reads each prompt's domain from its record's
-`meta`, and writes, per row and domain: accuracy at step 0 and at the last evaluation (mean ±
-std over seeds) and the change, paired over the same prompts per seed (its mean ± std).
+fitting_indices` on the run's own config.json), reads each prompt's domain
+(`MixtureTask.domain_of`), and writes, per row and domain: accuracy at step 0 and at the last
+evaluation (mean ± std over seeds) and the change, paired over the same prompts per seed (its
+mean ± std).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from absl import flags
 
 from jaxrl_post import script_flags
 from jaxrl_post.methods.grpo import fitting_indices
+from jaxrl_post.tasks.mixture import MixtureTask
 from jaxrl_post.training import grid_report, run_dir, setup
 from jaxrl_post.training.grid_report import fmt
 
@@ -39,17 +40,28 @@ def prompt_domains(workdir: str | Path) -> np.ndarray:
   config = run_dir.read_config(workdir)
   tokenizer = setup.build_tokenizer(config)
   task = setup.build_task(config, tokenizer)
+  if not isinstance(task, MixtureTask):
+    raise ValueError(f"{workdir}: config.task={config.task!r} is not a mixture (its prompts "
+                     "carry no domain)")
   indices = fitting_indices(config, task, tokenizer, "test", config.eval_examples,
                             "config.task")
-  domains = []
-  for i in indices:
-    meta = task.make_example("test", i).get("meta")
-    domain = json.loads(meta).get("domain") if isinstance(meta, str) else None
-    if domain is None:
-      raise ValueError(f"{workdir}: config.task={config.task!r} is not a mixture (test record "
-                       f"{i} has no domain in its meta)")
-    domains.append(domain)
-  return np.asarray(domains)
+  return np.asarray([task.domain_of(task.make_example("test", i)) for i in indices])
+
+
+def _first_and_last(row: str, seeds: dict, size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Each seed's per-prompt greedy outcomes at step 0 and at its last evaluation."""
+  pairs = []
+  for seed, run in seeds.items():
+    outcomes = run["outcomes"]
+    if 0 not in outcomes:
+      continue
+    first, last = outcomes[0]["greedy_correct"], outcomes[max(outcomes)]["greedy_correct"]
+    if len(first) != size:
+      raise ValueError(f"{row}/seed{seed} evaluated {len(first)} prompts, not the {size} of "
+                       "the grid's first run: the rows must share config.eval_examples and the "
+                       "task")
+    pairs.append((first, last))
+  return pairs
 
 
 def table(rows: dict, domains: np.ndarray) -> str:
@@ -61,20 +73,12 @@ def table(rows: dict, domains: np.ndarray) -> str:
                                            for d in names) + " |",
            "|---|---|" + "---|---|" * len(names)]
   for row, seeds in rows.items():
+    pairs = _first_and_last(row, seeds, len(domains))
     cells = []
     for d in names:
       mask = domains == d
-      first, last = [], []
-      for seed, run in seeds.items():
-        outcomes = run["outcomes"]
-        if 0 not in outcomes:
-          continue
-        if len(outcomes[0]["greedy_correct"]) != len(domains):
-          raise ValueError(f"{row}/seed{seed} evaluated {len(outcomes[0]['greedy_correct'])} "
-                           f"prompts, not the {len(domains)} of the grid's first run: the rows "
-                           "must share config.eval_examples and the task")
-        first.append(float(np.mean(outcomes[0]["greedy_correct"][mask])))
-        last.append(float(np.mean(outcomes[max(outcomes)]["greedy_correct"][mask])))
+      first = [float(np.mean(f[mask])) for f, _ in pairs]
+      last = [float(np.mean(la[mask])) for _, la in pairs]
       change = np.subtract(last, first)
       cells.append(f"{fmt(first)} → {fmt(last)} | {fmt(change, 1, 100, sign=True)}")
     lines.append(f"| {row} | {len(seeds)} | " + " | ".join(cells) + " |")
