@@ -15,7 +15,10 @@ Commands (R = a directory with the mixed SFT student, configs/rl_family_common.p
   python experiments/grpo.py --config=configs/cd_rft.py:gamma=0 --workdir=/tmp/cdrft/grpo \
       --config.init_from=$R/sft       # matched GRPO: same step, SCB logged, no penalty
 
-Variants (after the colon): `gamma=<γ>` (PROPOSAL default 0.01), `task=mixture` (the only
+Variants (after the colon): `gamma=<γ>` (PROPOSAL default 0.01), `scale=displacement` (this
+project's variant γ·sg(‖Δθ‖)·SCB, whose gradient does not grow as 1/‖Δθ‖ near θ⁰ and so does
+not swamp the policy gradient under the norm clip; default `none`, the spec's γ·SCB),
+`task=mixture` (the only
 valid task: SCB compares ≥ 2 families), `runlocal` (tiny model, 4 steps, for tests),
 `steps=<n>`, `model=<preset>`. `sweep` declares γ ∈ {0, 0.01, 0.1} × seeds 0 1 2.
 
@@ -58,7 +61,7 @@ RUNLOCAL_FAMILIES = {
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, task="mixture", gamma=cd_rft.GAMMA, model="small",
-                  steps=30)
+                  scale="none", steps=30)
   if arg.task != "mixture":
     raise ValueError(f"task={arg.task!r}: CD-RFT compares task families, so the task must be "
                      f"'mixture' (>= 2 domains)")
@@ -68,7 +71,7 @@ def get_config(arg=None):
   config.num_train_examples = 1024
   config.control = ml_collections.ConfigDict(dict(
     name="cd_rft", gamma=float(arg.gamma), granularity="block", others="exclude",
-    inactive="skip"))
+    inactive="skip", scale=arg.scale))
   if arg.runlocal:
     base_configs.shrink_grpo_for_runlocal(config)
     config.num_train_examples = 16

@@ -34,6 +34,8 @@
 #   cd_rft          the SCB penalty at γ = 0.01 (the PROPOSAL default)
 #   cd_rft_g0.1     γ = 0.1
 #   cd_rft_g0       γ = 0: the matched GRPO step (SCB logged, no penalty)
+#   cd_rft_d<γ>     this project's variant γ·sg(‖Δθ‖)·SCB (configs/cd_rft.py:scale=displacement),
+#                   whose gradient does not grow near θ⁰; not in the default ROWS
 # (SCB needs ≥ 2 families with a policy gradient: these rows need the mixed student, not an
 # arithmetic-only one, which earns no countdown / format reward and logs SCB = 0 throughout.)
 #
@@ -124,6 +126,10 @@ row() {  # row <name> <seed>
       local mode=${name#rail_}
       [[ $name == rail ]] && mode=rail
       stage "$dir" python experiments/grpo.py --config="configs/rail.py:mode=$mode" \
+        --workdir="$dir" $(common "$seed") ;;
+    cd_rft_d*)
+      stage "$dir" python experiments/grpo.py \
+        --config="configs/cd_rft.py:gamma=${name#cd_rft_d},scale=displacement" \
         --workdir="$dir" $(common "$seed") ;;
     cd_rft*)
       local gamma=${name#cd_rft_g}

@@ -222,6 +222,35 @@ def control_matrix(
   return k
 
 
+def controlled_displacement_norm(delta: Any, ids: Any) -> jax.Array:
+  """‖Δθ_K‖₂, the norm of the displacement over the parameters that enter K (ids ≥ 0).
+
+  SCB is of degree 0 in Δθ, so ∂SCB/∂Δθ is of degree −1: it grows as 1/‖Δθ‖ near θ⁰.
+  `scale="displacement"` in `methods.control_regularizer.control_loss` multiplies the
+  penalty by sg(‖Δθ_K‖), which makes its gradient of degree 0 (unchanged when Δθ is scaled).
+
+  Args:
+    delta: pytree of parameter displacements θ − θ⁰.
+    ids: pytree like `delta` of int arrays broadcastable to each leaf (`component_ids`).
+
+  Returns:
+    `[]` float32.
+
+  Examples:
+    >>> delta = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([4.0]), "e": jnp.array([9.0])}
+    >>> float(controlled_displacement_norm(delta, {"a": 0, "b": 1, "e": -1}))
+    5.0
+  """
+  d_leaves, treedef = jax.tree.flatten(delta)
+  total = jnp.zeros((), jnp.float32)
+  for d, i in zip(d_leaves, treedef.flatten_up_to(ids)):
+    if isinstance(i, (np.ndarray, np.integer, int)) and np.all(np.asarray(i) < 0):
+      continue
+    sq = jnp.square(d.astype(jnp.float32))
+    total = total + jnp.sum(jnp.where(jnp.asarray(i) >= 0, sq, 0.0))
+  return jnp.sqrt(total)
+
+
 def _concentration(x: jax.Array, name: str) -> jax.Array:
   x = jnp.asarray(x, jnp.float32)
   if x.ndim != 2:

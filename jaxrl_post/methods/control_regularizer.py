@@ -63,6 +63,8 @@ Config section `control` (PROPOSAL values, the paper gives none):
   granularity   PROPOSAL "block" (per-layer attention and MLP blocks) | "leaf"
   others        PROPOSAL "exclude" (embeddings, norms, lm_head outside K) | "separate"
   inactive      PROPOSAL "skip" | "zero" (see above)
+  scale         "none" (the spec's γ·SCB) | "displacement" (γ·sg(‖Δθ_K‖)·SCB, this project's
+                variant whose gradient does not grow near θ⁰; see `control_loss`)
 
 References:
   arXiv 2608.08224, "Control-Diverse Reinforcement Fine-Tuning: Decoupling the Shared Control
@@ -85,6 +87,9 @@ CONTROL_NAMES = ("none", "cd_rft")
 INACTIVE_MODES = ("skip", "zero")
 # PROPOSAL: absent families are left out of SCB's pair mean.
 INACTIVE = "skip"
+SCALES = ("none", "displacement")
+# The spec's penalty, γ·SCB; "displacement" is this project's variant (see `control_loss`).
+SCALE = "none"
 FAMILY_KEY = "cd_rft_family"
 REF_KEY = "cd_rft_ref"
 
@@ -139,7 +144,8 @@ def active_scb(control: jax.Array, *, inactive: str = INACTIVE) -> tuple[jax.Arr
 
 
 def control_loss(policy_loss: Callable, ids: Any, num_components: int, num_families: int, *,
-                 gamma: float = cd_rft.GAMMA, inactive: str = INACTIVE) -> Callable:
+                 gamma: float = cd_rft.GAMMA, inactive: str = INACTIVE,
+                 scale: str = SCALE) -> Callable:
   """`policy_loss` plus γ·SCB(K) over the batch's families: `(model, batch) -> (loss, aux)`.
 
   The batch carries, besides the policy loss's keys, `cd_rft_family` int `[rows]` (ids in
@@ -155,6 +161,12 @@ def control_loss(policy_loss: Callable, ids: Any, num_components: int, num_famil
     num_families: F ≥ 2.
     gamma: PROPOSAL penalty weight γ (default 0.01).
     inactive: PROPOSAL handling of families without control, see `active_scb`.
+    scale: "none" (the spec's γ·SCB) or "displacement", this project's variant
+      γ·sg(‖Δθ_K‖₂)·SCB (`losses.cd_rft.controlled_displacement_norm`). SCB is of degree 0 in
+      Δθ, so the plain penalty's gradient grows as 1/‖Δθ‖ and, near θ⁰, swamps the policy
+      gradient under global-norm clipping; the scaled penalty has a gradient of degree 0 in
+      Δθ, so γ sets its size against the policy gradient's all run long. Same minimisers
+      over directions of Δθ; the value logged is the scaled one.
 
   Returns:
     The loss; its aux adds `cd_rft_scb`, `cd_rft_penalty` and `cd_rft_families`.
@@ -167,6 +179,8 @@ def control_loss(policy_loss: Callable, ids: Any, num_components: int, num_famil
     raise ValueError(f"num_families must be >= 2 (SCB compares families); got {num_families}")
   if inactive not in INACTIVE_MODES:
     raise ValueError(f"inactive must be one of {INACTIVE_MODES}; got {inactive!r}")
+  if scale not in SCALES:
+    raise ValueError(f"scale must be one of {SCALES}; got {scale!r}")
 
   def loss(model, batch):
     value, aux = policy_loss(model, batch)
@@ -195,6 +209,8 @@ def control_loss(policy_loss: Callable, ids: Any, num_components: int, num_famil
     control = columns.T
     s, n = active_scb(control, inactive=inactive)
     penalty = gamma * s
+    if scale == "displacement":
+      penalty = penalty * jax.lax.stop_gradient(cd_rft.controlled_displacement_norm(delta, ids))
     return value + penalty, dict(aux, cd_rft_scb=s, cd_rft_penalty=penalty, cd_rft_families=n)
 
   return loss
@@ -229,6 +245,8 @@ class ControlRegularizer:
     if knobs.inactive not in INACTIVE_MODES:
       raise ValueError(f"config.control.inactive={knobs.inactive!r}; valid: "
                        f"{', '.join(INACTIVE_MODES)}")
+    if knobs.get("scale", SCALE) not in SCALES:
+      raise ValueError(f"config.control.scale={knobs.scale!r}; valid: {', '.join(SCALES)}")
     self.config, self.knobs, self.task, self.domains = config, knobs, task, domains
     self.reference = None
     self.names: list[str] = []
@@ -250,7 +268,7 @@ class ControlRegularizer:
                            f"others={knobs.others!r} finds no components in the model")
         self.names = names
         cache[key] = control_loss(policy_loss, ids, m, len(self.domains), gamma=knobs.gamma,
-                                  inactive=knobs.inactive)
+                                  inactive=knobs.inactive, scale=knobs.get("scale", SCALE))
       return cache[key](model, batch)
 
     return loss

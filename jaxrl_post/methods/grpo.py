@@ -243,6 +243,11 @@ def _test_records(config, task, tokenizer, key: str) -> list[dict]:
   """The first `config.eval_examples` test records of `task` whose prompts fit, checked
   against a fixed split's size (`fitting_indices`)."""
   count, available = config.eval_examples, task.num_examples("test")
+  if count < 0:
+    raise ValueError(f"config.eval_examples must be >= 0 (0: no held-out evaluation); got "
+                     f"{count}")
+  if count == 0:
+    return []
   if available is not None and count > available:
     raise ValueError(f"config.eval_examples={count} but {key} ({getattr(task, 'name', task)!r}) "
                      f"has {available} test examples")
@@ -257,6 +262,9 @@ class TaskEvaluator:
   too, so a checkpoint scores the same in the run and offline: `eval/accuracy` (greedy),
   `eval/format`, `eval/sample_accuracy` (mean@n), `eval/pass_at_{k}`, each with its standard
   error over prompts (`…_se`), and `eval/verifier_errors` / `eval/verifier_timeouts`.
+
+  `config.eval_examples = 0` turns held-out evaluation off: the call returns no metrics and
+  writes no outcomes (the loop still calls it at step 0 and at the last step).
 
   n, the sampled completions per prompt, is `pass_k` (the binaries pass `config.eval_pass_k`)
   unless the optional `config.eval_samples` is set; the pass@k reported are `(n,)` (any of the
@@ -313,6 +321,8 @@ class TaskEvaluator:
     return params, seconds + merge_s
 
   def __call__(self, params, step: int) -> dict[str, float]:
+    if not self.records:
+      return {}
     params = self.sampler_params(params)[0]
     evaluation = evaluate(self.sampler, params, self.task, self.records,
                           max_new_tokens=self.max_new_tokens, k=self.pass_k,

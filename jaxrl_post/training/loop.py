@@ -325,6 +325,8 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
 
   def evaluate(step: int) -> None:
     record = method.evaluate(state, step)
+    if not record:  # evaluation turned off (e.g. eval_examples = 0)
+      return
     writer.write(step, record)
     logging.info("%s step %d eval: %s", method.name, step, dict(record))
 

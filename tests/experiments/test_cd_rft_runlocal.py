@@ -23,7 +23,7 @@ KEYS = ("train/loss", "train/cd_rft_scb", "train/cd_rft_penalty", "train/cd_rft_
 
 def _config(arg="runlocal", **overrides):
   config = load_module(CONFIG).get_config(arg)
-  config.update(dict(eval_every=100, eval_at_start=False, **overrides))
+  config.update(dict(eval_every=100, eval_at_start=False) | overrides)
   return config
 
 
@@ -57,6 +57,24 @@ def test_cd_rft_penalises_shared_control_and_resumes_exactly(tmp_path, format_wr
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
   for key in KEYS:
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key
+
+
+def test_displacement_scaled_variant_runs_without_evaluation(tmp_path, format_writer_policy):
+  # scale=displacement: the logged penalty is γ·‖Δθ_K‖·SCB, not γ·SCB. eval_examples = 0 turns
+  # held-out evaluation off: no eval metrics and no outcomes, at step 0 or at the end.
+  config = _config("runlocal,gamma=0.1,scale=displacement", init_from=str(format_writer_policy),
+                   steps=3, eval_examples=0, eval_at_start=True, eval_every=1)
+  assert config.control.scale == "displacement"
+  _train(config, tmp_path)
+  records = read_metrics(tmp_path)
+  assert not [r for r in records if any(k.startswith("eval/") for k in r)]
+  assert not (tmp_path / "eval_outcomes").exists()
+  train = [r for r in records if "train/loss" in r]
+  assert [r["step"] for r in train] == [1, 2, 3]
+  on = [r for r in train if r["train/cd_rft_scb"] > 0]
+  assert on, "the penalty never turned on"
+  for r in on:  # ‖Δθ‖ after 1-2 AdamW steps at the runlocal lr is well below 1
+    assert 0 < r["train/cd_rft_penalty"] < 0.1 * r["train/cd_rft_scb"]
 
 
 def test_config_builds_prompts_fit_and_sweep_builds():

@@ -84,7 +84,7 @@ def _np_scb(k, skip=True):
   return total / pairs if pairs else 0.0
 
 
-def _expected(theta, theta0, batch, gamma, skip=True):
+def _expected(theta, theta0, batch, gamma, skip=True, scale="none"):
   fam = batch[cr.FAMILY_KEY]
   grads = [_np_grads(theta, batch, [b for b in range(B) if fam[b] == f]) for f in range(3)]
   k = np.zeros((2, 3))
@@ -96,6 +96,8 @@ def _expected(theta, theta0, batch, gamma, skip=True):
   logp = x @ theta["attn"] + 0.5 * (x @ theta["mlp"]) ** 2 + x @ theta["embed"]
   pg = -np.sum(m * adv * logp) / float(batch["num_tokens"])
   s = _np_scb(k, skip)
+  if scale == "displacement":  # γ·sg(‖Δθ_K‖)·SCB: the norm over attn and mlp (embed is outside K)
+    gamma = gamma * np.sqrt(sum(np.sum((theta[n] - theta0[n]) ** 2) for n in ("attn", "mlp")))
   # ∂SCB/∂K by central differences, then the first-order chain rule through Δθ only.
   dk = np.zeros_like(k)
   for c in range(2):
@@ -110,8 +112,8 @@ def _expected(theta, theta0, batch, gamma, skip=True):
   return pg + gamma * s, s, k, grad
 
 
-def _wrapped(gamma=0.1, inactive="skip"):
-  config = _config(gamma=gamma, inactive=inactive)
+def _wrapped(gamma=0.1, inactive="skip", scale="none"):
+  config = _config(gamma=gamma, inactive=inactive, scale=scale)
   part = cr.ControlRegularizer(config, MixtureTask())
   return part, part.wrap_loss(toy_policy_loss)
 
@@ -157,6 +159,45 @@ def test_loss_and_first_order_gradient_match_numpy(inactive):
   # The penalty does move the gradient (this test could fail on a dropped term).
   plain = _np_grads(theta, batch, range(B))
   assert not np.allclose(grad["mlp"], plain["mlp"], atol=1e-4)
+
+
+def test_displacement_scaled_penalty_matches_numpy():
+  theta, theta0, batch = _setup(2)
+  _, loss = _wrapped(gamma=0.1, scale="displacement")
+  value, aux, grads = _value_and_grad(loss, theta, batch)
+  want, s, _, grad = _expected(theta, theta0, batch, 0.1, scale="displacement")
+  norm = np.sqrt(sum(np.sum((theta[n] - theta0[n]) ** 2) for n in ("attn", "mlp")))
+  np.testing.assert_allclose(float(aux["cd_rft_penalty"]), 0.1 * norm * s, rtol=1e-5)
+  np.testing.assert_allclose(float(value), want, rtol=1e-5)
+  for name in ("attn", "mlp", "embed"):
+    np.testing.assert_allclose(np.asarray(grads[name]), grad[name], rtol=2e-4, atol=1e-6)
+  plain = _expected(theta, theta0, batch, 0.1)[3]
+  assert not np.allclose(grad["mlp"], plain["mlp"], atol=1e-4)  # the scale changes the step
+
+
+@pytest.mark.parametrize("scale, degree", [("none", -1), ("displacement", 0)])
+def test_penalty_gradient_degree_in_the_displacement(scale, degree):
+  # With the family gradients held fixed, scaling Δθ by 10 scales the plain penalty's gradient
+  # by 1/10 (SCB is of degree 0 in Δθ) and leaves the displacement-scaled one unchanged.
+  from jaxrl_post.losses import cd_rft
+
+  rng = np.random.default_rng(3)
+  ids = {"a": np.int32(0), "b": np.int32(1), "c": np.int32(2), "e": np.int32(-1)}
+  delta = {k: jnp.asarray(rng.normal(size=4), jnp.float32) for k in ids}
+  grads = [{k: jnp.asarray(rng.normal(size=4), jnp.float32) for k in ids} for _ in range(3)]
+
+  def penalty(d):
+    s, _ = cr.active_scb(cd_rft.control_matrix(grads, d, ids, 3))
+    if scale == "displacement":
+      s = s * jax.lax.stop_gradient(cd_rft.controlled_displacement_norm(d, ids))
+    return s
+
+  g1 = jax.grad(penalty)(delta)
+  g10 = jax.grad(penalty)(jax.tree.map(lambda x: 10.0 * x, delta))
+  assert float(jnp.linalg.norm(g1["a"])) > 1e-3
+  for k in ("a", "b", "c"):
+    np.testing.assert_allclose(np.asarray(g10[k]), np.asarray(g1[k]) * 10.0 ** degree,
+                               rtol=1e-4, atol=1e-7)
 
 
 def test_skip_rescales_to_active_pairs_by_hand():
@@ -271,6 +312,7 @@ def test_start_keeps_the_starting_policy_and_nothing_is_checkpointed():
   ({"control.granularity": "head"}, "config.control.granularity='head'"),
   ({"control.others": "all"}, "config.control.others='all'"),
   ({"control.inactive": "drop"}, "config.control.inactive='drop'"),
+  ({"control.scale": "norm"}, "config.control.scale='norm'"),
   ({"control.name": "scb"}, "config.control.name='scb'"),
 ])
 def test_config_errors_name_the_key(overrides, match):
