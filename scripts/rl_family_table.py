@@ -86,10 +86,13 @@ GROUPS = {
   ("cd_rft",): (
     "Shared control (CD-RFT, the mixture)",
     (("cd_rft", "cd_rft_g0", "CD-RFT γ = 0.01 vs matched GRPO (γ = 0)"),
-     ("cd_rft_g0.1", "cd_rft_g0", "CD-RFT γ = 0.1 vs matched GRPO (γ = 0)")),
+     ("cd_rft_g0.1", "cd_rft_g0", "CD-RFT γ = 0.1 vs matched GRPO (γ = 0)"),
+     ("cd_rft_d0.003", "cd_rft_g0", "scaled penalty γ = 0.003 vs matched GRPO (γ = 0)"),
+     ("cd_rft_d0.003", "cd_rft", "scaled penalty γ = 0.003 vs CD-RFT γ = 0.01")),
     (("train/cd_rft_scb", "SCB"),
-     ("train/cd_rft_penalty", "γ·SCB"),
-     ("train/cd_rft_families", "families with a gradient"))),
+     ("train/cd_rft_penalty", "penalty"),
+     ("train/cd_rft_families", "families with a gradient"),
+     ("train/grad_norm", "grad norm (before clip)"))),
 }
 DIAGNOSTICS = (("replay/accepted", "replayed groups / step"),
                ("replay/drift_accepted", "drift of replayed"),

@@ -147,6 +147,7 @@ def test_rail_and_cd_rft_rows_get_their_own_tables(tmp_path):
   question = next(line for line in text.splitlines() if line.startswith("| CD-RFT γ = 0.01"))
   assert [c.strip() for c in question.strip("|").split("|")][1:3] == [
     "+25.0 / +25.0", "+25.0 ± 0.0"]
+  assert "scaled penalty" not in text  # its row did not run
   assert text.startswith("Rollout interventions")  # no empty main table above the groups
   # One plot per group that ran, none for the empty main rows.
   SCRIPT.plots(SCRIPT.grid_report.collect_runs(tmp_path), tmp_path / "plots")
