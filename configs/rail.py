@@ -12,15 +12,17 @@ Commands (R = a directory with an SFT student, configs/sft_arith.py):
       --config.init_from=$R/sft                  # plain GRPO (no extra rollouts)
 
 Variants (after the colon): `mode=rail|heuristic|none`, `bandit=linucb|lints`,
-`gain=coverage|variance`, `runlocal` (tiny model, 4 steps, for tests), `steps=<n>`,
-`model=<preset>`. `sweep` declares rail / heuristic / none × seeds 0 1 2; compare
-`eval/accuracy` against `rail/extra_tokens` (the cost) and `rail/mixed_after` (groups with a
-GRPO signal).
+`gain=coverage|variance`, `on_agreement=hold|reset` (a decision where the bandit picks the
+heuristic's arm holds the switch's streak, or resets it as the first runs did), `runlocal`
+(tiny model, 4 steps, for tests), `steps=<n>`, `model=<preset>`. `sweep` declares rail /
+heuristic / none × seeds 0 1 2; compare `eval/accuracy` against `rail/extra_tokens` (the
+cost) and `rail/mixed_after` (groups with a GRPO signal).
 
 PROPOSAL settings (the paper gives none): restart arms m ∈ {2, 4, 8} × T ∈ {0.7, 1.0, 1.2} plus
 "none"; at most 4 of the 16 groups intervened per step (32 extra rows, padded); coverage gain;
 λ = 0.1 per G·max_new_tokens tokens; LinUCB α = 1, ridge 1, discount γ = 0.99; shadow ε = 0.1
-and W = 50 winning decisions to go live; rollout budget 64 per prompt for the context feature.
+and W = 50 winning decisions in a row to go live, agreements with the heuristic holding the
+streak; rollout budget 64 per prompt for the context feature.
 """
 
 from pathlib import Path
@@ -28,7 +30,7 @@ from pathlib import Path
 import ml_collections
 
 from jaxrl_post.config_args import load_module, parse_arg
-from jaxrl_post.methods.interventions import MODES
+from jaxrl_post.methods.interventions import MODES, ON_AGREEMENT
 from jaxrl_post.sampling import interventions as iv
 from jaxrl_post.training import base_configs
 
@@ -42,12 +44,13 @@ def intervention_config(arg) -> ml_collections.ConfigDict:
     mode=arg.mode, bandit=arg.bandit, gain=arg.gain,
     extra_rollouts=tuple(iv.RAIL_EXTRA_ROLLOUTS), temperatures=tuple(iv.RAIL_TEMPERATURES),
     max_groups=4, alpha=1.0, reg=1.0, gamma=0.99, cost_weight=iv.RAIL_COST_WEIGHT,
-    epsilon=iv.RAIL_EPSILON, window=iv.RAIL_WINDOW, rollout_budget=64))
+    epsilon=iv.RAIL_EPSILON, window=iv.RAIL_WINDOW, on_agreement=arg.on_agreement,
+    rollout_budget=64))
 
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, mode="rail", bandit="linucb", gain="coverage",
-                  model="small", steps=30)
+                  on_agreement=ON_AGREEMENT, model="small", steps=30)
   if arg.mode not in (*MODES, "none"):
     raise ValueError(f"mode={arg.mode!r}; valid: {', '.join(MODES)}, none")
   config = base_configs.grpo_base("grpo")

@@ -361,9 +361,10 @@ def shadow_to_live_init() -> ShadowToLiveState:
 
 
 @functools.partial(jax.jit, static_argnames="window")
-def _shadow_to_live_update(state, controller_lcb, heuristic_utility, window):
+def _shadow_to_live_update(state, controller_lcb, heuristic_utility, agree, window):
   win = controller_lcb > heuristic_utility
   streak = jnp.where(win, state.streak + 1, 0).astype(jnp.int32)
+  streak = jnp.where(agree, state.streak, streak)
   # Going live is one-way: afterwards the controller keeps learning online and acting.
   live = state.live | (streak >= window)
   return ShadowToLiveState(live, streak, state.decisions + 1)
@@ -375,20 +376,29 @@ def shadow_to_live_update(
     heuristic_utility: ArrayLike,
     *,
     window: int = RAIL_WINDOW,
+    agree: ArrayLike = False,
 ) -> ShadowToLiveState:
   """Counts the controller's consecutive wins and goes live after `window` of them.
 
-  streak ← (LCB_controller > û_heuristic) ? streak + 1 : 0,   live ← live ∨ (streak ≥ W)
+  streak ← agree ? streak : (LCB_controller > û_heuristic) ? streak + 1 : 0,
+  live ← live ∨ (streak ≥ W)
 
   A win means the controller's pessimistic predicted utility (e.g. `ArmScores.lcb` of its
   chosen arm) exceeds the heuristic's (predicted or realised) utility on the same decision.
   The switch is one-way.
+
+  `agree` marks a decision where the controller picked the heuristic's arm. Its comparison
+  would be the arm's LCB against the same arm's mean, which the LCB can never exceed (α > 0),
+  so counting it as a loss resets the streak every time the two agree — and the bandit agrees
+  with the heuristic on most groups (on every mixed group both say "none"). Such a decision
+  leaves the streak as it is (PROPOSAL; the caller may pass False to count it as a loss).
 
   Args:
     state: the switch state.
     controller_lcb: `[]` the controller's lower confidence bound on this decision.
     heuristic_utility: `[]` the heuristic's utility on this decision.
     window: W ≥ 1 consecutive wins needed (PROPOSAL: 50; static).
+    agree: `[]` bool, the controller's arm is the heuristic's: the streak is held.
 
   Returns:
     The updated `ShadowToLiveState`.
@@ -411,7 +421,8 @@ def shadow_to_live_update(
     if jnp.ndim(value) != 0:
       raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
   return _shadow_to_live_update(state, jnp.asarray(controller_lcb, jnp.float32),
-                                jnp.asarray(heuristic_utility, jnp.float32), int(window))
+                                jnp.asarray(heuristic_utility, jnp.float32),
+                                jnp.asarray(agree, bool), int(window))
 
 
 # Who picked the arm (`ArmChoice.source`).

@@ -72,6 +72,21 @@ def test_rail_mode_explores_with_epsilon_one_and_repeats_per_seed_step():
   assert int(part.switch.decisions) == 3
 
 
+@pytest.mark.parametrize("rule, streak", [("hold", 3), ("reset", 0)])
+def test_agreeing_with_the_heuristic_holds_or_resets_the_streak(rule, streak):
+  # α = 0 on a fresh bandit: every arm's UCB is 0, so the controller picks arm 0, "none" —
+  # the heuristic's arm on mixed groups. Its LCB (0) never exceeds the same arm's mean (0).
+  part = rail.Interventions(_config(mode="rail", alpha=0.0, on_agreement=rule))
+  part.switch = part.switch._replace(streak=jnp.int32(3))
+  stats = rail.GroupStats(np.full(3, 0.5, np.float32), np.full(3, 0.25, np.float32),
+                          np.zeros(3, bool), np.ones(3, np.float32))
+  d = part.decide(stats, np.arange(3), seed=0, step=1)
+  assert d.arm.tolist() == [0, 0, 0]
+  assert int(part.switch.streak) == streak and int(part.switch.decisions) == 3
+  with pytest.raises(ValueError, match="config.intervention.on_agreement='keep'"):
+    rail.Interventions(_config(on_agreement="keep"))
+
+
 def test_update_gain_utility_and_bandit_by_hand():
   part = rail.Interventions(_config())
   b = 3

@@ -188,6 +188,20 @@ def test_switch_resets_on_a_loss_and_is_one_way():
   assert bool(s.live) and int(s.streak) == 0 and int(s.decisions) == 16
 
 
+def test_agreement_holds_the_streak():
+  # The controller picking the heuristic's arm: LCB < mean of the same arm, a loss unless
+  # `agree` holds the streak.
+  s = shadow_to_live_init()
+  for _ in range(3):
+    s = shadow_to_live_update(s, 1.0, 0.5, window=5)
+  held = shadow_to_live_update(s, 0.4, 0.5, window=5, agree=True)
+  assert int(held.streak) == 3 and int(held.decisions) == 4
+  assert int(shadow_to_live_update(s, 0.4, 0.5, window=5).streak) == 0
+  for _ in range(2):
+    held = shadow_to_live_update(held, 1.0, 0.5, window=5)
+  assert bool(held.live)
+
+
 def test_switch_under_scan_default_window():
   def step(s, win):
     return shadow_to_live_update(s, jnp.where(win, 1.0, -1.0), 0.0), s.live
