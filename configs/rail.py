@@ -79,4 +79,4 @@ def sweep(add, arg=None):
 def metrics():
   return ["train/reward_correct", "eval/accuracy", "rail/interventions", "rail/extra_tokens",
           "rail/gain", "rail/utility", "rail/mixed_before", "rail/mixed_after", "rail/live",
-          "rail/controller_share"]
+          "rail/controller_share", "rail/agree_share", "rail/win_share", "rail/margin"]

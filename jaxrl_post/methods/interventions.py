@@ -131,6 +131,10 @@ class Decision(NamedTuple):
   source: np.ndarray  # int32 [B] SOURCE_HEURISTIC / SOURCE_RANDOM / SOURCE_CONTROLLER
   features: np.ndarray  # float32 [B, n_arms, d] φ(z, a) of every arm
   slot: np.ndarray  # int32 [B] extra-rollout slot of the group, −1 when none
+  # float32 [B] the switch's test, LCB of the controller's arm − predicted utility of the
+  # heuristic's (> 0: a win), and bool [B] whether the two picked the same arm.
+  margin: np.ndarray
+  agree: np.ndarray
 
 
 class Interventions:
@@ -217,7 +221,7 @@ class Interventions:
     select = bandits.BANDITS.get(knobs.bandit)
     key = jax.random.fold_in(jax.random.key(seed), ARM_STREAM)
     key = jax.random.fold_in(key, step)
-    arms, sources = [], []
+    arms, sources, margins, agrees = [], [], [], []
     for b in range(len(pool)):
       phi = jnp.asarray(features[b])
       scores = bandits.linucb_scores(self.bandit, phi, alpha=float(knobs.alpha))
@@ -228,6 +232,8 @@ class Interventions:
         controller = int(select(self.bandit, phi, jax.random.fold_in(group_key, 1),
                                 scale=float(knobs.alpha)))
       heuristic = heuristic_arm(self.arms, bool(stats.uniform[b]), self.config.temperature)
+      margins.append(float(scores.lcb[controller] - scores.mean[heuristic]))
+      agrees.append(controller == heuristic)
       if knobs.mode == "heuristic":
         arm, source = heuristic, iv.SOURCE_HEURISTIC
       else:
@@ -252,7 +258,8 @@ class Interventions:
           slot[b], used = used, used + 1
         else:  # over the step's budget of intervened groups: executed as "none"
           arm[b] = heuristic_arm(self.arms, False, self.config.temperature)
-    return Decision(arm, np.asarray(sources, np.int32), features, slot)
+    return Decision(arm, np.asarray(sources, np.int32), features, slot,
+                    np.asarray(margins, np.float32), np.asarray(agrees, bool))
 
   # ---- sample, verify, advantages, bandit update ----
 
@@ -410,6 +417,13 @@ class Interventions:
       "rail/streak": float(int(self.switch.streak)),
       "rail/controller_share": float((decision.source == iv.SOURCE_CONTROLLER).mean()),
       "rail/random_share": float((decision.source == iv.SOURCE_RANDOM).mean()),
+      # How far the shadow controller is from going live: how often it disagrees with the
+      # heuristic, and by how much its LCB misses (or beats) the heuristic when it does.
+      "rail/agree_share": float(decision.agree.mean()),
+      "rail/win_share": float((decision.margin[~decision.agree] > 0).sum()
+                              / max(int((~decision.agree).sum()), 1)),
+      "rail/margin": (float(decision.margin[~decision.agree].mean())
+                      if (~decision.agree).any() else 0.0),
     }
 
   def transform(self, method, state, batch, ctx):

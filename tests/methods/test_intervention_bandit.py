@@ -54,6 +54,12 @@ def test_decide_heuristic_and_slot_budget():
   assert d.arm.tolist() == [3, 0, 0] and d.slot.tolist() == [0, -1, -1]
   assert d.source.tolist() == [iv.SOURCE_HEURISTIC] * 3
   assert d.features.shape == (3, 5, iv.ARM_FEATURE_DIM * iv.CONTEXT_BASE_DIM)
+  # The shadow switch's test: a fresh bandit (A = I, b = 0) has mean 0 and UCB = α‖φ_a‖ for
+  # every arm, so the controller picks the longest φ and its margin is −‖φ_controller‖.
+  norms = np.linalg.norm(d.features, axis=-1)
+  controller = norms.argmax(-1)
+  assert d.agree.tolist() == (controller == np.array([3, 0, 3])).tolist()
+  np.testing.assert_allclose(d.margin, -norms.max(-1), rtol=1e-5)
   # φ(z, a) = vec(a ⊗ z): for arm 3 the count feature 4/4 = 1 times the context (bias 1,
   # position 0, entropy 1, p̂ 0, var 0, spent 0 / 16).
   count = len(iv.WHERE_OPTIONS)
@@ -82,6 +88,7 @@ def test_agreeing_with_the_heuristic_holds_or_resets_the_streak(rule, streak):
                           np.zeros(3, bool), np.ones(3, np.float32))
   d = part.decide(stats, np.arange(3), seed=0, step=1)
   assert d.arm.tolist() == [0, 0, 0]
+  assert d.agree.all() and np.all(d.margin == 0.0)
   assert int(part.switch.streak) == streak and int(part.switch.decisions) == 3
   with pytest.raises(ValueError, match="config.intervention.on_agreement='keep'"):
     rail.Interventions(_config(on_agreement="keep"))
