@@ -578,6 +578,10 @@ class OpenMOPD:
     # With exact quotas every domain has a fixed row count: the largest one is the teachers'
     # fixed scoring shape (one compile for all of them).
     self.rows_per_call = max(self.quota.quotas) * config.samples_per_prompt
+    if config.eval_examples < 1:
+      # The headroom metrics (student and RouteRL totals at step 0) come from evaluation.
+      raise ValueError(f"config.eval_examples must be >= 1 for on-policy distillation (the "
+                       f"headroom metrics need held-out evaluation); got {config.eval_examples}")
     self.eval_records = {d: [self.task.make_domain_example(d, "test", j)
                              for j in range(config.eval_examples)] for d in self.domains}
     self.rng = jax.random.key(config.seed + 1)

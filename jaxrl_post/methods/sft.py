@@ -32,6 +32,9 @@ class SFT:
   updates_per_step = 1
 
   def __init__(self, config):
+    if config.get("stop_at_accuracy", 0.0) and config.eval_examples == 0:
+      raise ValueError("config.stop_at_accuracy needs held-out evaluation: "
+                       "config.eval_examples must be >= 1 (it is 0)")
     self.config = config
     # The latest held-out greedy accuracy, for `config.stop_at_accuracy`.
     self.last_accuracy = float("nan")
@@ -86,7 +89,8 @@ class SFT:
 
   def evaluate(self, state, step: int) -> dict[str, float]:
     record = self.evaluator(state.params, step)
-    self.last_accuracy = float(record["eval/accuracy"])
+    if record:  # empty when evaluation is off (config.eval_examples = 0)
+      self.last_accuracy = float(record["eval/accuracy"])
     return record
 
   def done(self, step: int) -> bool:

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from jaxrl_post.methods.sft import SFT
 from jaxrl_post.training import base_configs
 
@@ -28,3 +30,15 @@ def test_off_by_default():
   method = _sft(base_configs.sft_base().stop_at_accuracy)
   method.last_accuracy = 1.0
   assert not method.done(1)
+
+
+def test_no_evaluation_keeps_the_state_and_cannot_stop_on_accuracy():
+  config = base_configs.sft_base()
+  config.eval_examples = 0
+  method = SFT(config)
+  method.evaluator = lambda params, step: {}  # TaskEvaluator with no records
+  assert method.evaluate(type("S", (), {"params": None})(), 5) == {}
+  assert math.isnan(method.last_accuracy)
+  config.stop_at_accuracy = 0.7
+  with pytest.raises(ValueError, match="config.eval_examples must be >= 1"):
+    SFT(config)
