@@ -20,10 +20,11 @@ step's G rollouts per prompt are verified (the part's `rewards` hook), per group
   shadow→live  the heuristic acts, with ε random arms, while the bandit learns; once the
                bandit's LCB of its own pick beats its predicted utility of the heuristic's pick
                for `window` decisions in a row it acts (`shadow_to_live_update`, `choose_arm`).
-               A decision where the two pick the same arm has nothing to compare; PROPOSAL
-               `on_agreement="hold"` leaves the streak as it is ("reset" counts it as a loss,
-               under which the switch cannot go live while the two agree on most groups:
-               measured, the streak was 0 at the end of every step of 3 seeds × 20 steps).
+               A decision where the two pick the same arm has nothing to compare (the arm's
+               LCB against its own mean, a sure loss); PROPOSAL `on_agreement="hold"` leaves
+               the streak as it is, "reset" counts it as a loss. Logged per step:
+               `rail/agree_share`, `rail/win_share` and `rail/margin` (docs/results.md, RAIL:
+               at α = 1 the LCB misses by ≈ 0.6, so the switch does not fire at this scale).
 
 The executed interventions are sampled (one `generate` per temperature in use, each padded to
 `max_groups` prompts × max m samples, so every step has the same shapes), verified, and their
