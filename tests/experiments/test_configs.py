@@ -1,12 +1,12 @@
 """Every config builds, in every mode, with valid registry names and fitting lengths."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from jaxrl_post import losses
 from jaxrl_post.advantages import ADVANTAGES
+from jaxrl_post.config_args import load_module
 from jaxrl_post.models import get_model_config
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tokenizers import get_tokenizer
@@ -22,10 +22,7 @@ CONFIGS = sorted(p for p in [*_CONFIG_DIR.glob("sft_*.py"), *_CONFIG_DIR.glob("g
 
 
 def _load(path):
-  spec = importlib.util.spec_from_file_location(path.stem, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(path, path.stem)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)

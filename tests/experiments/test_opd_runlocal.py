@@ -2,7 +2,6 @@
 and the same run on an 8-device mesh."""
 
 import collections
-import importlib.util
 import os
 import re
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import opd
 from jaxrl_post.training.metrics import read_metrics
 
@@ -24,10 +24,7 @@ DOMAINS = ("arith", "countdown", "format")
 
 
 def _load_config():
-  spec = importlib.util.spec_from_file_location("opd_mix", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(CONFIG, "opd_mix")
 
 
 def _run(binary, arg, workdir, *extra, check=True, env=ENV):

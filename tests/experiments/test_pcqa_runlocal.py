@@ -4,7 +4,6 @@ The binaries run in subprocesses; on 2 loaded cores each run takes 20-60 s (most
 compilation), hence `slow` for everything but the config checks.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +26,7 @@ DATASETS = ("syn_a", "syn_b", "syn_c")
 
 
 def _load_config():
-  spec = importlib.util.spec_from_file_location("pcqa_synthetic", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(CONFIG, "pcqa_synthetic")
 
 
 def test_config_variants_sweep_order_and_errors():

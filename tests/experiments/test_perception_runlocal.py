@@ -1,7 +1,6 @@
 """experiments/perception.py, runlocal: SFT → GRPO end to end, config variants, errors, resume, and
 the same runs on an 8-device mesh."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.rewards.set_matching import SET_REWARDS
 from jaxrl_post.training.metrics import read_metrics
 
@@ -20,10 +20,7 @@ CONFIG = ROOT / "configs" / "perception_dense.py"
 
 
 def _load_config():
-  spec = importlib.util.spec_from_file_location("perception_dense", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(CONFIG, "perception_dense")
 
 
 def _run(arg, workdir, *extra, check=True, env=ENV):

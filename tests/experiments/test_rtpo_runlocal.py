@@ -4,7 +4,6 @@ Each run is a subprocess of the real binary. They share a persistent XLA compila
 the programs the runs have in common (sampler, scoring) compile once for the whole module.
 """
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.envs import get_env, make_context
 from jaxrl_post.models import get_model_config
 from jaxrl_post.sampling import multiturn
@@ -24,10 +24,7 @@ CONFIGS = {name: ROOT / "configs" / f"rtpo_{name}.py" for name in ("calculator",
 
 
 def _load(path):
-  spec = importlib.util.spec_from_file_location(path.stem, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(path, path.stem)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

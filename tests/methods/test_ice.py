@@ -11,7 +11,6 @@ the chunked scorer is exercised); the teacher is the same model with perturbed w
 """
 
 import doctest
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from flax import nnx
 
 from jaxrl_post import advantages as advantages_lib
 from jaxrl_post import losses, tokenizers
+from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import grpo, ice
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.parallel.axes import DEFAULT_RULES
@@ -40,10 +40,7 @@ INSTRUCTIONS = ("Hint: carry.", "Hint: check.", "Be careful!")
 
 
 def _config_module():
-  spec = importlib.util.spec_from_file_location("ice_config", ROOT / "configs" / "ice.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(ROOT / "configs" / "ice.py", "ice_config")
 
 
 def _config(arg="", **ice_overrides):

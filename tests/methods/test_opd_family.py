@@ -3,7 +3,6 @@ method state's round trip, TV-OPD's skip on a non-finite step, advantage wiring 
 functions, and OPRD's transform inside the chunked scorer."""
 
 import doctest
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_post import losses
+from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import grpo, opd_family
 from jaxrl_post.models import CausalLM, get_model_config
 from jaxrl_post.sampling import score_model
@@ -24,11 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config_module():
-  spec = importlib.util.spec_from_file_location("opd_family_config",
-                                                ROOT / "configs" / "opd_family.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(ROOT / "configs" / "opd_family.py", "opd_family_config")
 
 
 def _config(arg="", **distill):

@@ -1,10 +1,11 @@
 """scripts/rtpo_horizon.py: the grid's command lines, and the table and plot of finished runs."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from jaxrl_post.config_args import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,10 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _load():
   # Loaded once: the script defines absl flags, which cannot be defined twice.
   path = ROOT / "scripts" / "rtpo_horizon.py"
-  spec = importlib.util.spec_from_file_location("rtpo_horizon", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(path, "rtpo_horizon")
 
 
 SCRIPT = _load()

@@ -1,6 +1,5 @@
 """PCQA-R1 (methods/pcqa.py): templates, parsing, rewards → advantages, SFT / GRPO / regression."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import pcqa
 from jaxrl_post.models import get_model_config
 from jaxrl_post.models.point_cloud import PointCloudLM
@@ -98,10 +98,7 @@ def test_rollout_rewards_ranking_only_reads_the_mos_order():
 
 
 def _table_module():
-  spec = importlib.util.spec_from_file_location("pcqa_table", ROOT / "scripts" / "pcqa_table.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(ROOT / "scripts" / "pcqa_table.py", "pcqa_table")
 
 
 def test_summarize_and_aggregate_runs(tmp_path):

@@ -1,6 +1,5 @@
 """`training.run_dir`: a run's config, policy at a checkpoint step and tokenizer, read back."""
 
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -9,6 +8,7 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.sft import SFT
 from jaxrl_post.training import loop
 from jaxrl_post.training.run_dir import checkpoint_steps, load_run, read_config, resolve_step
@@ -18,9 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def sft_runlocal_config(**changes):
   """configs/sft_arith.py:runlocal, cut to `changes` (a test's own run)."""
-  spec = importlib.util.spec_from_file_location("sft_arith", ROOT / "configs" / "sft_arith.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = load_module(ROOT / "configs" / "sft_arith.py", "sft_arith")
   config = module.get_config("runlocal")
   config.compilation_cache_dir = ""
   config.update(changes)
