@@ -17,7 +17,7 @@ Commands (R = a directory with the mixed SFT student, configs/rl_family_common.p
 
 Variants (after the colon): `gamma=<γ>` (PROPOSAL default 0.01), `scale=displacement` (this
 project's variant γ·sg(‖Δθ‖)·SCB, whose gradient does not grow as 1/‖Δθ‖ near θ⁰ and so does
-not swamp the policy gradient under the norm clip; default `none`, the spec's γ·SCB),
+not take over the update's direction there; default `none`, the spec's γ·SCB),
 `task=mixture` (the only
 valid task: SCB compares ≥ 2 families), `runlocal` (tiny model, 4 steps, for tests),
 `steps=<n>`, `model=<preset>`. `sweep` declares γ ∈ {0, 0.01, 0.1} × seeds 0 1 2.

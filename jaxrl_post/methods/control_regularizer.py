@@ -163,9 +163,9 @@ def control_loss(policy_loss: Callable, ids: Any, num_components: int, num_famil
     inactive: PROPOSAL handling of families without control, see `active_scb`.
     scale: "none" (the spec's γ·SCB) or "displacement", this project's variant
       γ·sg(‖Δθ_K‖₂)·SCB (`losses.cd_rft.controlled_displacement_norm`). SCB is of degree 0 in
-      Δθ, so the plain penalty's gradient grows as 1/‖Δθ‖ and, near θ⁰, swamps the policy
-      gradient under global-norm clipping; the scaled penalty has a gradient of degree 0 in
-      Δθ, so γ sets its size against the policy gradient's all run long. Same minimisers
+      Δθ, so the plain penalty's gradient grows as 1/‖Δθ‖ and, near θ⁰, dominates the
+      update's direction (AdamW normalises its size); the scaled penalty has a gradient of
+      degree 0 in Δθ, so γ sets its size against the policy gradient's all run long. Same minimisers
       over directions of Δθ; the value logged is the scaled one.
 
   Returns:
@@ -245,8 +245,10 @@ class ControlRegularizer:
     if knobs.inactive not in INACTIVE_MODES:
       raise ValueError(f"config.control.inactive={knobs.inactive!r}; valid: "
                        f"{', '.join(INACTIVE_MODES)}")
-    if knobs.get("scale", SCALE) not in SCALES:
-      raise ValueError(f"config.control.scale={knobs.scale!r}; valid: {', '.join(SCALES)}")
+    # Configs written before the knob existed mean the spec's penalty.
+    self.scale = knobs.get("scale", SCALE)
+    if self.scale not in SCALES:
+      raise ValueError(f"config.control.scale={self.scale!r}; valid: {', '.join(SCALES)}")
     self.config, self.knobs, self.task, self.domains = config, knobs, task, domains
     self.reference = None
     self.names: list[str] = []
@@ -268,7 +270,7 @@ class ControlRegularizer:
                            f"others={knobs.others!r} finds no components in the model")
         self.names = names
         cache[key] = control_loss(policy_loss, ids, m, len(self.domains), gamma=knobs.gamma,
-                                  inactive=knobs.inactive, scale=knobs.get("scale", SCALE))
+                                  inactive=knobs.inactive, scale=self.scale)
       return cache[key](model, batch)
 
     return loss

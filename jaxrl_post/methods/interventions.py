@@ -167,9 +167,12 @@ class Interventions:
       raise ValueError(f"config.intervention.epsilon must be in [0, 1], got {knobs.epsilon}")
     if not 0.0 < knobs.gamma <= 1.0:
       raise ValueError(f"config.intervention.gamma must be in (0, 1], got {knobs.gamma}")
-    if knobs.get("on_agreement", ON_AGREEMENT) not in AGREEMENT_RULES:
-      raise ValueError(f"config.intervention.on_agreement={knobs.on_agreement!r}; valid: "
+    # Configs written before the knob existed get the PROPOSAL default.
+    on_agreement = knobs.get("on_agreement", ON_AGREEMENT)
+    if on_agreement not in AGREEMENT_RULES:
+      raise ValueError(f"config.intervention.on_agreement={on_agreement!r}; valid: "
                        f"{', '.join(AGREEMENT_RULES)}")
+    self.hold_on_agreement = on_agreement == "hold"
     for key in ("alpha", "cost_weight"):
       if not knobs[key] >= 0:
         raise ValueError(f"config.intervention.{key} must be >= 0, got {knobs[key]}")
@@ -244,7 +247,7 @@ class Interventions:
         arm, source = int(choice.arm), int(choice.source)
         # The switch learns from every decision: the bandit's pessimistic value of its own
         # pick against its predicted value of the heuristic's.
-        agree = controller == heuristic and knobs.get("on_agreement", ON_AGREEMENT) == "hold"
+        agree = controller == heuristic and self.hold_on_agreement
         self.switch = iv.shadow_to_live_update(self.switch, scores.lcb[controller],
                                                scores.mean[heuristic], window=knobs.window,
                                                agree=agree)
