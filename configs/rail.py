@@ -13,7 +13,9 @@ Commands (R = a directory with an SFT student, configs/sft_arith.py):
 
 Variants (after the colon): `mode=rail|heuristic|none`, `bandit=linucb|lints`,
 `gain=coverage|variance`, `on_agreement=hold|reset` (a decision where the bandit picks the
-heuristic's arm holds the switch's streak, or resets it as the first runs did), `runlocal`
+heuristic's arm holds the switch's streak, or resets it as the first runs did),
+`switch=streak|share|live` (W wins in a row; a share ≥ `min_share` of the last W decisions; the
+bandit acts from the start), `alpha=<LinUCB α>`, `runlocal`
 (tiny model, 4 steps, for tests), `steps=<n>`, `model=<preset>`. `sweep` declares rail /
 heuristic / none × seeds 0 1 2; compare `eval/accuracy` against `rail/extra_tokens` (the
 cost) and `rail/mixed_after` (groups with a GRPO signal).
@@ -22,7 +24,8 @@ PROPOSAL settings (the paper gives none): restart arms m ∈ {2, 4, 8} × T ∈ 
 "none"; at most 4 of the 16 groups intervened per step (32 extra rows, padded); coverage gain;
 λ = 0.1 per G·max_new_tokens tokens; LinUCB α = 1, ridge 1, discount γ = 0.99; shadow ε = 0.1
 and W = 50 winning decisions in a row to go live, agreements with the heuristic holding the
-streak; rollout budget 64 per prompt for the context feature.
+streak (`switch=share`: a share ≥ 0.5 of wins among the last 50, this project's PROPOSAL);
+rollout budget 64 per prompt for the context feature.
 """
 
 from pathlib import Path
@@ -30,7 +33,7 @@ from pathlib import Path
 import ml_collections
 
 from jaxrl_post.config_args import load_module, parse_arg
-from jaxrl_post.methods.interventions import MODES, ON_AGREEMENT
+from jaxrl_post.methods.interventions import MODES, ON_AGREEMENT, SWITCHES
 from jaxrl_post.sampling import interventions as iv
 from jaxrl_post.training import base_configs
 
@@ -43,16 +46,19 @@ def intervention_config(arg) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
     mode=arg.mode, bandit=arg.bandit, gain=arg.gain,
     extra_rollouts=tuple(iv.RAIL_EXTRA_ROLLOUTS), temperatures=tuple(iv.RAIL_TEMPERATURES),
-    max_groups=4, alpha=1.0, reg=1.0, gamma=0.99, cost_weight=iv.RAIL_COST_WEIGHT,
+    max_groups=4, alpha=float(arg.alpha), reg=1.0, gamma=0.99, cost_weight=iv.RAIL_COST_WEIGHT,
     epsilon=iv.RAIL_EPSILON, window=iv.RAIL_WINDOW, on_agreement=arg.on_agreement,
-    rollout_budget=64))
+    switch=arg.switch, min_share=iv.RAIL_MIN_SHARE, rollout_budget=64))
 
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, mode="rail", bandit="linucb", gain="coverage",
-                  on_agreement=ON_AGREEMENT, model="small", steps=30)
+                  on_agreement=ON_AGREEMENT, switch="streak", alpha=1.0, model="small",
+                  steps=30)
   if arg.mode not in (*MODES, "none"):
     raise ValueError(f"mode={arg.mode!r}; valid: {', '.join(MODES)}, none")
+  if arg.switch not in SWITCHES:
+    raise ValueError(f"switch={arg.switch!r}; valid: {', '.join(SWITCHES)}")
   config = base_configs.grpo_base("grpo")
   COMMON.set_task(config, "arith", arg.runlocal)
   config.model, config.steps = arg.model, arg.steps
@@ -79,4 +85,5 @@ def sweep(add, arg=None):
 def metrics():
   return ["train/reward_correct", "eval/accuracy", "rail/interventions", "rail/extra_tokens",
           "rail/gain", "rail/utility", "rail/mixed_before", "rail/mixed_after", "rail/live",
-          "rail/controller_share", "rail/agree_share", "rail/win_share", "rail/margin"]
+          "rail/controller_share", "rail/agree_share", "rail/win_share", "rail/window_share",
+          "rail/margin"]

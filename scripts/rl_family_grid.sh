@@ -30,6 +30,8 @@
 #   rail            the LinUCB bandit, shadow-to-live (arXiv 2608.05080's reconstruction)
 #   rail_heuristic  extra rollouts for every all-0 / all-1 group (the heuristic baseline)
 #   rail_none       plain GRPO with the RAIL config (no extra rollouts)
+#   rail_live       the bandit acts from the first decision (no shadow phase; not in ROWS)
+#   rail_share      LinUCB α = 0.1, live once it wins ≥ half of the last 50 decisions (not in ROWS)
 # Shared-control rows on the mixture (configs/cd_rft.py; one micro-batch, one PPO mini-batch):
 #   cd_rft          the SCB penalty at γ = 0.01 (the PROPOSAL default)
 #   cd_rft_g0.1     γ = 0.1
@@ -123,9 +125,14 @@ row() {  # row <name> <seed>
         $(common "$seed") --config.steps="$SIDE_STEPS" --config.eval_every=$((SIDE_STEPS / 2)) \
         --config.checkpoint_every="$SIDE_STEPS" "${extra[@]}" ;;
     rail*)
-      local mode=${name#rail_}
-      [[ $name == rail ]] && mode=rail
-      stage "$dir" python experiments/grpo.py --config="configs/rail.py:mode=$mode" \
+      local variant
+      case $name in
+        rail) variant=mode=rail ;;
+        rail_live) variant=mode=rail,switch=live ;;
+        rail_share) variant=mode=rail,switch=share,alpha=0.1 ;;
+        *) variant=mode=${name#rail_} ;;
+      esac
+      stage "$dir" python experiments/grpo.py --config="configs/rail.py:$variant" \
         --workdir="$dir" $(common "$seed") ;;
     cd_rft_d*)
       stage "$dir" python experiments/grpo.py \

@@ -20,6 +20,10 @@ step's G rollouts per prompt are verified (the part's `rewards` hook), per group
   shadow→live  the heuristic acts, with ε random arms, while the bandit learns; once the
                bandit's LCB of its own pick beats its predicted utility of the heuristic's pick
                for `window` decisions in a row it acts (`shadow_to_live_update`, `choose_arm`).
+               `switch` picks the rule: "streak" (that one), "share" (a share ≥ `min_share`
+               of wins among the last `window` decisions, this project's PROPOSAL) or "live"
+               (the bandit acts from the first decision: the ablation without a shadow phase,
+               a direct bandit-vs-heuristic comparison).
                A decision where the two pick the same arm has nothing to compare (the arm's
                LCB against its own mean, a sure loss); PROPOSAL `on_agreement="hold"` leaves
                the streak as it is, "reset" counts it as a loss. Logged per step:
@@ -70,6 +74,8 @@ from jaxrl_post.sampling import interventions as iv
 
 MODES = ("rail", "heuristic")
 AGREEMENT_RULES = ("hold", "reset")
+# The switch's rules (`sampling.interventions.SWITCH_RULES`) and "live": no shadow phase.
+SWITCHES = (*iv.SWITCH_RULES, "live")
 # PROPOSAL: a decision where controller and heuristic agree neither wins nor loses.
 ON_AGREEMENT = "hold"
 # Independent random streams of one (seed, step): the shadow-mode arm draws, the samples.
@@ -173,6 +179,13 @@ class Interventions:
       raise ValueError(f"config.intervention.on_agreement={on_agreement!r}; valid: "
                        f"{', '.join(AGREEMENT_RULES)}")
     self.hold_on_agreement = on_agreement == "hold"
+    self.switch_rule = knobs.get("switch", "streak")
+    if self.switch_rule not in SWITCHES:
+      raise ValueError(f"config.intervention.switch={self.switch_rule!r}; valid: "
+                       f"{', '.join(SWITCHES)}")
+    self.min_share = float(knobs.get("min_share", iv.RAIL_MIN_SHARE))
+    if not 0.0 < self.min_share <= 1.0:
+      raise ValueError(f"config.intervention.min_share must be in (0, 1], got {self.min_share}")
     for key in ("alpha", "cost_weight"):
       if not knobs[key] >= 0:
         raise ValueError(f"config.intervention.{key} must be >= 0, got {knobs[key]}")
@@ -200,7 +213,7 @@ class Interventions:
     self.arm_feats = iv.arm_features(self.arms, rollout_scale=float(self.max_m))
     self.dim = int(self.arm_feats.shape[1]) * iv.CONTEXT_BASE_DIM
     self.bandit = bandits.linucb_init(self.dim, reg=float(knobs.reg))
-    self.switch = iv.shadow_to_live_init()
+    self.switch = iv.shadow_to_live_init(int(knobs.window), live=self.switch_rule == "live")
     self.spent = np.zeros(config.num_train_examples, np.int64)
     self.pending: dict[str, Any] | None = None
     self.params = None
@@ -248,9 +261,10 @@ class Interventions:
         # The switch learns from every decision: the bandit's pessimistic value of its own
         # pick against its predicted value of the heuristic's.
         agree = controller == heuristic and self.hold_on_agreement
-        self.switch = iv.shadow_to_live_update(self.switch, scores.lcb[controller],
-                                               scores.mean[heuristic], window=knobs.window,
-                                               agree=agree)
+        self.switch = iv.shadow_to_live_update(
+          self.switch, scores.lcb[controller], scores.mean[heuristic], window=knobs.window,
+          agree=agree, rule="streak" if self.switch_rule == "live" else self.switch_rule,
+          min_share=self.min_share)
       arms.append(arm)
       sources.append(source)
     arm = np.asarray(arms, np.int32)
@@ -419,6 +433,7 @@ class Interventions:
       "rail/mixed_after": float(_mixed(after).mean()),
       "rail/live": float(bool(self.switch.live)),
       "rail/streak": float(int(self.switch.streak)),
+      "rail/window_share": float(iv.win_share(self.switch)),
       "rail/controller_share": float((decision.source == iv.SOURCE_CONTROLLER).mean()),
       "rail/random_share": float((decision.source == iv.SOURCE_RANDOM).mean()),
       # How far the shadow controller is from going live: how often it disagrees with the
@@ -457,7 +472,9 @@ class Interventions:
   def load_array_state(self, arrays: Mapping[str, Any]) -> None:
     self.bandit = bandits.LinearBanditState(**{k: jnp.asarray(arrays["bandit"][k])
                                                for k in bandits.LinearBanditState._fields})
-    self.switch = iv.ShadowToLiveState(**{k: jnp.asarray(arrays["switch"][k])
+    # Checkpoints written before the share rule have no `recent` / `counted`: start them empty.
+    fresh = iv.shadow_to_live_init(int(self.knobs.window))._asdict()
+    self.switch = iv.ShadowToLiveState(**{k: jnp.asarray(arrays["switch"].get(k, fresh[k]))
                                           for k in iv.ShadowToLiveState._fields})
     self.spent = np.asarray(arrays["spent"], np.int64).copy()
 

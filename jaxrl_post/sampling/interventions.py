@@ -20,7 +20,8 @@ procedure; everything else here is a PROPOSAL reconstruction, each choice a keyw
   controller    discounted LinUCB / linear TS on φ (`jaxrl_post.bandits`)
   shadow→live   a heuristic acts (with ε random arms for coverage) while the controller learns;
                 go live once the controller's LCB beats the heuristic's utility W = 50
-                decisions in a row                                (`shadow_to_live_update`)
+                decisions in a row ("streak"), or in a share ≥ s of the last W decisions
+                ("share", this project's variant)                (`shadow_to_live_update`)
 
 Arms are host-side data (`InterventionArm`); their encoding, the gains, the switch and the
 choice are pure, fixed-shape functions that jit.
@@ -46,6 +47,10 @@ RAIL_TEMPERATURES = (0.7, 1.0, 1.2)
 # PROPOSAL: shadow-to-live window, ε of random arms in shadow mode, and the cost weight λ.
 RAIL_WINDOW = 50
 RAIL_EPSILON = 0.1
+# How the switch decides: W wins in a row (the spec's reading), or a share of wins among the
+# last W counted decisions (PROPOSAL of this project, with share s = RAIL_MIN_SHARE).
+SWITCH_RULES = ("streak", "share")
+RAIL_MIN_SHARE = 0.5
 RAIL_COST_WEIGHT = 0.1
 GAIN_KINDS = ("coverage", "variance")
 # one-hot where (4), m / rollout_scale, T − 1.
@@ -341,33 +346,68 @@ def utility(
 
 
 class ShadowToLiveState(NamedTuple):
-  """Shadow-to-live switch: who acts, and the controller's current winning streak."""
+  """Shadow-to-live switch: who acts, and the controller's record against the heuristic."""
 
   live: jax.Array  # [] bool: True once the controller acts.
   streak: jax.Array  # [] int32 consecutive decisions where the controller's LCB won.
   decisions: jax.Array  # [] int32 decisions seen.
+  # [W] bool ring buffer of the last W counted decisions' outcomes (True: a win); decision c
+  # (0-based, among counted ones) is at c mod W. Agreements held by `agree` are not counted.
+  recent: jax.Array
+  counted: jax.Array  # [] int32 counted decisions.
 
 
-def shadow_to_live_init() -> ShadowToLiveState:
-  """Shadow mode (the heuristic acts), no wins yet.
+def shadow_to_live_init(window: int = RAIL_WINDOW, *, live: bool = False) -> ShadowToLiveState:
+  """Shadow mode (the heuristic acts), no wins yet; `window` sizes the share rule's buffer.
+
+  `live=True` starts with the controller acting (an ablation without the shadow phase).
 
   Examples:
     >>> s = shadow_to_live_init()
-    >>> bool(s.live), int(s.streak)
-    (False, 0)
+    >>> bool(s.live), int(s.streak), s.recent.shape
+    (False, 0, (50,))
   """
-  return ShadowToLiveState(jnp.zeros((), bool), jnp.zeros((), jnp.int32),
-                           jnp.zeros((), jnp.int32))
+  _check_window(window)
+  zero = jnp.zeros((), jnp.int32)
+  return ShadowToLiveState(jnp.asarray(live, bool), zero, zero, jnp.zeros((window,), bool), zero)
 
 
-@functools.partial(jax.jit, static_argnames="window")
-def _shadow_to_live_update(state, controller_lcb, heuristic_utility, agree, window):
+def _check_window(window):
+  if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
+    raise ValueError(f"window must be a positive int, got {window!r}")
+
+
+def win_share(state: ShadowToLiveState) -> jax.Array:
+  """`[]` float32: the controller's share of wins among the last W counted decisions (fewer
+  while fewer than W were counted; 0 before any).
+
+  Examples:
+    >>> s = shadow_to_live_init(4)
+    >>> for lcb in (1.0, 0.0, 1.0):
+    ...   s = shadow_to_live_update(s, lcb, 0.5, window=4)
+    >>> round(float(win_share(s)), 4)
+    0.6667
+  """
+  seen = jnp.minimum(state.counted, state.recent.shape[0])
+  return jnp.where(seen > 0, state.recent.sum() / jnp.maximum(seen, 1), 0.0).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("window", "rule"))
+def _shadow_to_live_update(state, controller_lcb, heuristic_utility, agree, window, rule,
+                           min_share):
   win = controller_lcb > heuristic_utility
   streak = jnp.where(win, state.streak + 1, 0).astype(jnp.int32)
   streak = jnp.where(agree, state.streak, streak)
+  slot = state.counted % state.recent.shape[0]
+  recent = jnp.where(agree, state.recent, state.recent.at[slot].set(win))
+  counted = state.counted + (~agree).astype(jnp.int32)
+  new = ShadowToLiveState(state.live, streak, state.decisions + 1, recent, counted)
+  if rule == "streak":
+    fires = streak >= window
+  else:  # A full window of counted decisions, and enough of them won.
+    fires = (counted >= window) & (win_share(new) >= min_share)
   # Going live is one-way: afterwards the controller keeps learning online and acting.
-  live = state.live | (streak >= window)
-  return ShadowToLiveState(live, streak, state.decisions + 1)
+  return new._replace(live=state.live | fires)
 
 
 def shadow_to_live_update(
@@ -377,28 +417,40 @@ def shadow_to_live_update(
     *,
     window: int = RAIL_WINDOW,
     agree: ArrayLike = False,
+    rule: str = "streak",
+    min_share: float = RAIL_MIN_SHARE,
 ) -> ShadowToLiveState:
-  """Counts the controller's consecutive wins and goes live after `window` of them.
+  """Scores one decision of the controller against the heuristic and goes live when the rule
+  says so. With win_t = LCB_controller > û_heuristic:
 
-  streak ← agree ? streak : (LCB_controller > û_heuristic) ? streak + 1 : 0,
-  live ← live ∨ (streak ≥ W)
+    "streak": streak ← agree ? streak : (win_t ? streak + 1 : 0);  live ← live ∨ (streak ≥ W)
+    "share":  live ← live ∨ (n ≥ W ∧ (1/W)·Σ_{last W counted t} win_t ≥ s)
 
-  A win means the controller's pessimistic predicted utility (e.g. `ArmScores.lcb` of its
-  chosen arm) exceeds the heuristic's (predicted or realised) utility on the same decision.
-  The switch is one-way.
+  where n counts the decisions not held by `agree`. A win means the controller's pessimistic
+  predicted utility (e.g. `ArmScores.lcb` of its chosen arm) exceeds the heuristic's
+  (predicted or realised) utility on the same decision. The switch is one-way.
+
+  "streak" is the spec's reading of the paper (W = 50 wins in a row). Since W wins in a row
+  at a per-decision win rate q has probability q^W (≈ 0 for q < 0.9 at W = 50), "share" is
+  this project's PROPOSAL: go live once the controller wins a share ≥ s (default 0.5, a
+  majority) of the last W decisions.
 
   `agree` marks a decision where the controller picked the heuristic's arm. Its comparison
   would be the arm's LCB against the same arm's mean, which the LCB can never exceed (α > 0),
   so counting it as a loss resets the streak every time the two agree — and the bandit agrees
   with the heuristic on most groups (on every mixed group both say "none"). Such a decision
-  leaves the streak as it is (PROPOSAL; the caller may pass False to count it as a loss).
+  leaves the streak and the share's buffer as they are (PROPOSAL; the caller may pass False to
+  count it as a loss).
 
   Args:
-    state: the switch state.
+    state: the switch state (`shadow_to_live_init(window)` for the "share" rule).
     controller_lcb: `[]` the controller's lower confidence bound on this decision.
     heuristic_utility: `[]` the heuristic's utility on this decision.
-    window: W ≥ 1 consecutive wins needed (PROPOSAL: 50; static).
-    agree: `[]` bool, the controller's arm is the heuristic's: the streak is held.
+    window: W ≥ 1 (PROPOSAL: 50; static): wins in a row ("streak"), or the decisions whose
+      share counts ("share", where it must equal the state's buffer length).
+    agree: `[]` bool, the controller's arm is the heuristic's: the record is held.
+    rule: "streak" or "share" (static).
+    min_share: s in (0, 1], the "share" rule's threshold (PROPOSAL: 0.5).
 
   Returns:
     The updated `ShadowToLiveState`.
@@ -409,20 +461,32 @@ def shadow_to_live_update(
     ...   s = shadow_to_live_update(s, 1.0, 0.5, window=3)
     >>> bool(s.live), int(s.streak)
     (True, 3)
+    >>> s = shadow_to_live_init(4)
+    >>> for lcb in (1.0, 0.0, 1.0, 0.0):  # 2 wins of the last 4 (never 2 in a row)
+    ...   s = shadow_to_live_update(s, lcb, 0.5, window=4, rule="share", min_share=0.5)
+    >>> bool(s.live), int(s.streak)
+    (True, 0)
 
   References:
     RAIL: Optimizing What Policies Learn From: Recoverability-aware Rollout Intervention
     Learning, arXiv 2608.05080.
   """
-  if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
-    raise ValueError(f"window must be a positive int, got {window!r}")
+  _check_window(window)
+  if rule not in SWITCH_RULES:
+    raise ValueError(f"rule={rule!r}; valid: {', '.join(SWITCH_RULES)}")
+  if rule == "share" and window != state.recent.shape[0]:
+    raise ValueError(f"window={window} but the state's buffer holds {state.recent.shape[0]} "
+                     f"decisions: build it with shadow_to_live_init(window={window})")
+  if not 0.0 < min_share <= 1.0:
+    raise ValueError(f"min_share must be in (0, 1], got {min_share!r}")
   for name, value in (("controller_lcb", controller_lcb),
                       ("heuristic_utility", heuristic_utility)):
     if jnp.ndim(value) != 0:
       raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
   return _shadow_to_live_update(state, jnp.asarray(controller_lcb, jnp.float32),
                                 jnp.asarray(heuristic_utility, jnp.float32),
-                                jnp.asarray(agree, bool), int(window))
+                                jnp.asarray(agree, bool), int(window), rule,
+                                jnp.asarray(min_share, jnp.float32))
 
 
 # Who picked the arm (`ArmChoice.source`).

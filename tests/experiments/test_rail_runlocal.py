@@ -87,6 +87,8 @@ def test_rail_intervenes_learns_and_resumes_exactly(tmp_path, format_writer_poli
   ({"intervention.extra_rollouts": (2, 3)}, "config.ppo_mini_batches"),  # 8 + 2·3 rows
   ({"loss.beta": 0.04}, "config.loss.beta = 0"),
   ({"rubric.mode": "care"}, "config.rubric.mode = 'none'"),
+  ({"intervention.switch": "window"}, "config.intervention.switch='window'"),
+  ({"intervention.min_share": 0.0}, "config.intervention.min_share"),
 ])
 def test_rail_config_errors_name_the_key(overrides, match):
   config = _config()
@@ -109,6 +111,12 @@ def test_config_variants_and_sweep_build():
     # "none" and restart × m × T (no branch arms on a single-turn host).
     assert len(part.arms) == (1 + 2 * 2 if "runlocal" in arg else 1 + 3 * 3)
   assert interventions.build_interventions(_config("mode=none")) is None
+  share = interventions.build_interventions(_config("switch=share,alpha=0.1"))
+  assert share.switch_rule == "share" and share.knobs.alpha == 0.1
+  assert share.switch.recent.shape == (50,) and not bool(share.switch.live)
+  assert bool(interventions.build_interventions(_config("switch=live")).switch.live)
+  with pytest.raises(ValueError, match="switch='bogus'"):
+    CONFIG.get_config("switch=bogus")
   assert "rail/extra_tokens" in CONFIG.metrics()
   with pytest.raises(ValueError, match="mode='bogus'"):
     CONFIG.get_config("mode=bogus")
@@ -126,3 +134,24 @@ def test_rail_scores_the_extra_rows_with_the_overlong_column(tmp_path, format_wr
   assert sum(r["rail/extra_rows"] for r in records) > 0
   assert all(math.isfinite(r["train/loss"]) and math.isfinite(r["rail/gain"]) for r in records)
   assert int(method.parts["intervention"].bandit.count) == 2 * config.prompts_per_step
+
+
+def test_live_switch_acts_from_the_first_step_and_old_checkpoints_load(tmp_path,
+                                                                      format_writer_policy):
+  # switch=live: the bandit picks every executed arm (no heuristic, no random arms); the
+  # share rule's record is still kept and logged.
+  method = _train(_config("runlocal,switch=live", init_from=str(format_writer_policy), steps=2),
+                  tmp_path / "live")
+  records = _records(tmp_path / "live")
+  assert [r["rail/controller_share"] for r in records] == [1.0, 1.0]
+  assert all(r["rail/live"] == 1.0 and r["rail/random_share"] == 0.0 for r in records)
+  part = method.parts["intervention"]
+  assert 0.0 <= records[-1]["rail/window_share"] <= 1.0
+  # A checkpoint from before the share rule (switch without `recent` / `counted`) restores
+  # with an empty record.
+  arrays = part.array_state()
+  old = dict(arrays, switch={k: arrays["switch"][k] for k in ("live", "streak", "decisions")})
+  fresh = interventions.build_interventions(_config("runlocal"))
+  fresh.load_array_state(old)
+  assert int(fresh.switch.decisions) == int(part.switch.decisions)
+  assert int(fresh.switch.counted) == 0 and fresh.switch.recent.shape == (2,)

@@ -27,6 +27,7 @@ from jaxrl_post.sampling.interventions import (
   shadow_to_live_init,
   shadow_to_live_update,
   utility,
+  win_share,
 )
 
 
@@ -217,6 +218,72 @@ def test_switch_errors():
     shadow_to_live_update(shadow_to_live_init(), 1.0, 0.0, window=0)
   with pytest.raises(ValueError, match="controller_lcb"):
     shadow_to_live_update(shadow_to_live_init(), jnp.ones(2), 0.0)
+
+
+def _share_rule_reference(wins, agrees, window, min_share):
+  """The "share" rule in plain Python: the first decision index at which it goes live."""
+  outcomes = []
+  for t, (w, a) in enumerate(zip(wins, agrees)):
+    if not a:
+      outcomes.append(w)
+    if len(outcomes) >= window and np.mean(outcomes[-window:]) >= min_share:
+      return t
+  return None
+
+
+@pytest.mark.parametrize("seed, q, min_share", [(0, 0.45, 0.5), (1, 0.6, 0.5), (2, 0.3, 0.25),
+                                                (3, 0.5, 0.7), (4, 0.2, 0.6)])
+def test_share_rule_matches_a_python_reference(seed, q, min_share):
+  rng = np.random.default_rng(seed)
+  window, n = 12, 200
+  wins, agrees = rng.random(n) < q, rng.random(n) < 0.3
+  want = _share_rule_reference(wins, agrees, window, min_share)
+
+  def step(s, x):
+    win, agree = x
+    s = shadow_to_live_update(s, jnp.where(win, 1.0, -1.0), 0.0, window=window, agree=agree,
+                              rule="share", min_share=min_share)
+    return s, (s.live, win_share(s))
+
+  final, (live, share) = jax.jit(lambda w, a: jax.lax.scan(
+    step, shadow_to_live_init(window), (w, a)))(jnp.asarray(wins), jnp.asarray(agrees))
+  live = np.asarray(live)
+  got = int(np.argmax(live)) if live.any() else None
+  assert got == want, (got, want)
+  counted = [w for w, a in zip(wins, agrees) if not a]
+  assert int(final.counted) == len(counted) and int(final.decisions) == n
+  np.testing.assert_allclose(float(share[-1]), np.mean(counted[-window:]), rtol=1e-6)
+
+
+def test_share_rule_fires_without_a_streak_and_not_before_a_full_window():
+  s = shadow_to_live_init(6)
+  for lcb in (1.0, 1.0, 1.0, 1.0, 1.0):  # 5 wins: a 100 % share, but only 5 of 6 counted.
+    s = shadow_to_live_update(s, lcb, 0.0, window=6, rule="share")
+  assert not bool(s.live) and float(win_share(s)) == 1.0
+  s = shadow_to_live_update(s, 0.4, 0.5, window=6, rule="share", agree=True)  # held
+  assert not bool(s.live) and int(s.counted) == 5
+  s = shadow_to_live_update(s, -1.0, 0.0, window=6, rule="share")  # 5 of 6
+  assert bool(s.live) and int(s.streak) == 0
+  # The streak rule on the same record stays in shadow mode.
+  t = shadow_to_live_init(6)
+  for lcb in (1.0, -1.0) * 6:
+    t = shadow_to_live_update(t, lcb, 0.0, window=6)
+  assert not bool(t.live) and float(win_share(t)) == 0.5
+
+
+def test_share_rule_errors_and_live_start():
+  with pytest.raises(ValueError, match=r"shadow_to_live_init\(window=5\)"):
+    shadow_to_live_update(shadow_to_live_init(4), 1.0, 0.0, window=5, rule="share")
+  with pytest.raises(ValueError, match="rule='window'"):
+    shadow_to_live_update(shadow_to_live_init(), 1.0, 0.0, rule="window")
+  with pytest.raises(ValueError, match="min_share"):
+    shadow_to_live_update(shadow_to_live_init(), 1.0, 0.0, rule="share", min_share=0.0)
+  with pytest.raises(ValueError, match="window"):
+    shadow_to_live_init(0)
+  assert float(win_share(shadow_to_live_init())) == 0.0
+  s = shadow_to_live_init(live=True)
+  assert bool(s.live)
+  assert bool(shadow_to_live_update(s, -1.0, 0.0, window=50).live)  # one-way
 
 
 def test_epsilon_exploration_frequency():
