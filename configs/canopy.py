@@ -38,7 +38,8 @@ would no longer be CANOPY's ratio-1 objective). Not measured yet at full size; t
 run (tests/experiments/test_canopy_runlocal.py) takes ≈ 20-40 s on 2 CPU cores.
 
 Variants (after the colon): `env=kv|calculator`, `method=canopy|turn_grpo|sft|...`,
-`horizon=K` (default 4), `ablation=none|g4|no_kl|seq_norm`, `seed=<n>`, `model=<preset>`,
+`horizon=K` (default 4), `ablation=none|g4|no_kl|seq_norm`, `group=<G>` and `prompts=<n>`
+(group size and prompts per step; 0: the env config's 8 and 8), `seed=<n>`, `model=<preset>`,
 `steps=<n>`, `budget=<tokens>`, `runlocal` (a few steps, for tests; the pilot then has 4
 episodes and only warns). Knobs:
 `--config.canopy.coverage_target=0.8`, `--config.canopy.enforce_group_size=True`,
@@ -78,7 +79,7 @@ BINARY = "experiments/rtpo.py"
 
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, env="kv", method="canopy", horizon=4, seed=0, model="",
-                  steps=0, budget=-1, ablation="none")
+                  steps=0, budget=-1, ablation="none", group=0, prompts=0)
   if arg.env not in ENV_CONFIGS:
     raise ValueError(f"unknown env {arg.env!r}; valid: {', '.join(ENV_CONFIGS)}")
   if arg.ablation not in ABLATIONS:
@@ -103,6 +104,14 @@ def get_config(arg=None):
     config.loss.beta = ablation["beta"]
   if "loss_agg_mode" in ablation:
     config.loss.loss_agg_mode = ablation["loss_agg_mode"]
+  # The group-size study at low success (docs/results.md, CANOPY): explicit sizes; a size
+  # below the coverage rule fails at start unless --config.canopy.enforce_group_size=False.
+  for word, key in (("group", "group_size"), ("prompts", "prompts_per_step")):
+    value = int(arg[word])
+    if value < 0:
+      raise ValueError(f"{word}={value}: must be >= 1 (or 0 for the env config's value)")
+    if value:
+      config[key] = value
   return config
 
 

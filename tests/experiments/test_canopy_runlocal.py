@@ -98,3 +98,9 @@ def test_canopy_sweep_is_the_host_and_ablations_over_three_seeds():
   assert module.get_config("method=sft").loss.beta == 0.0
   with pytest.raises(ValueError, match="unknown env"):
     module.get_config("env=webshop")
+  # The low-success group-size study's words.
+  sized = module.get_config("group=32,prompts=2")
+  assert (sized.group_size, sized.prompts_per_step) == (32, 2)
+  assert sized.canopy.enforce_group_size  # still checked unless the run turns it off
+  with pytest.raises(ValueError, match="group=-1"):
+    module.get_config("group=-1")
