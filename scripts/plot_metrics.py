@@ -8,6 +8,7 @@ Several `--workdir`s (comma-separated) are drawn on the same axes, one line each
 """
 
 import math
+import os
 from pathlib import Path
 
 import matplotlib
@@ -25,8 +26,25 @@ _OUT = flags.DEFINE_string("out", None, "Output PNG (default: <first workdir>/me
 flags.mark_flag_as_required("workdir")
 
 
+def run_labels(workdirs) -> dict[str, str]:
+  """Each workdir's legend label: its path below the workdirs' common parent, so that runs
+  named alike (`rows/a/seed0`, `rows/b/seed0`) stay apart; the folder name for one run.
+
+  Examples:
+    >>> run_labels(["/r/grpo/seed0", "/r/rail/seed0"])
+    {'/r/grpo/seed0': 'grpo/seed0', '/r/rail/seed0': 'rail/seed0'}
+  """
+  paths = [Path(w).resolve() for w in workdirs]
+  if len(paths) < 2:
+    return {w: p.name for w, p in zip(workdirs, paths)}
+  parent = Path(os.path.commonpath(paths))
+  return {w: str(p.relative_to(parent)) if p != parent else p.name
+          for w, p in zip(workdirs, paths)}
+
+
 def plot(workdirs, metrics, out) -> Path:
   runs = {w: read_metrics(w) for w in workdirs}
+  labels = run_labels(workdirs)
   if not metrics:
     names = {k for records in runs.values() for r in records for k, v in r.items()
              if k != "step" and isinstance(v, (int, float))}
@@ -43,7 +61,7 @@ def plot(workdirs, metrics, out) -> Path:
       points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
       if points:
         ax.plot(*zip(*points), marker="." if len(points) < 30 else None,
-                label=Path(workdir).name, color=colors[workdir])
+                label=labels[workdir], color=colors[workdir])
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)

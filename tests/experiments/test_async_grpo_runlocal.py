@@ -9,12 +9,12 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 import pytest
+from runlocal_helpers import train_records
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import group_source
 from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.training import loop
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARED = ("train/loss", "train/grad_norm", "train/reward_format", "rollout/logp_abs_diff_max",
@@ -31,10 +31,6 @@ def _config(init, *, rollout=None, **overrides):
   return config
 
 
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 def test_async_with_nothing_in_flight_equals_sync_and_one_step_off_is_one_version_old(
     tmp_path, format_writer_policy):
   # The synchronous run also checks that the sampler's log-probs equal the trainer's bitwise:
@@ -44,7 +40,7 @@ def test_async_with_nothing_in_flight_equals_sync_and_one_step_off_is_one_versio
   loop.train(sync_config, tmp_path / "sync", GRPO(sync_config))
   on_demand = _config(format_writer_policy, rollout=dict(mode="async", max_in_flight=0))
   loop.train(on_demand, tmp_path / "k0", GRPO(on_demand))
-  sync, k0 = _records(tmp_path / "sync"), _records(tmp_path / "k0")
+  sync, k0 = train_records(tmp_path / "sync"), train_records(tmp_path / "k0")
   assert max(r["train/grad_norm"] for r in sync) > 1e-3  # a real signal is compared
   for a, b in zip(sync, k0, strict=True):
     assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}
@@ -62,7 +58,7 @@ def test_async_with_nothing_in_flight_equals_sync_and_one_step_off_is_one_versio
                    rollout=dict(mode="one_step_off", verify_sync=True),
                    loss=dict(name="grpo", sampler_correction="truncate", sampler_max=2.0))
   loop.train(config, workdir, GRPO(config))
-  records = _records(workdir)
+  records = train_records(workdir)
   assert [r["step"] for r in records] == [1, 2, 3, 4]
   # Step 1 samples with θ0; then θ_{t-2}; after the restart the in-flight batch is drawn again
   # from the same prompts and sampled with the restored θ2 (step 3 fresh), then one off again.
@@ -87,7 +83,7 @@ def test_dynamic_sampling_never_hands_out_an_all_equal_group(tmp_path, format_wr
   config = _config(format_writer_policy, dynamic_sampling=ml_collections.ConfigDict(
     dict(max_rounds=12)), rollout=dict(mode="one_step_off", old_logp="sampler"))
   loop.train(config, tmp_path / "ds", GRPO(config))
-  records = _records(tmp_path / "ds")
+  records = train_records(tmp_path / "ds")
   assert not any("rollout/logp_abs_diff_max" in r for r in records)
   assert len(seen) == 3 and all(g.shape == (4, 4) for g in seen)
   for groups in seen:
@@ -112,7 +108,7 @@ def test_continuous_batching_gives_the_static_batch_s_step(tmp_path, format_writ
   slots = _config(format_writer_policy, steps=2,
                   rollout=dict(num_slots=4, admit_size=2, mode="sync"))
   loop.train(slots, tmp_path / "slots", GRPO(slots))
-  want, got = _records(tmp_path / "static"), _records(tmp_path / "slots")
+  want, got = train_records(tmp_path / "static"), train_records(tmp_path / "slots")
   assert max(r["train/grad_norm"] for r in want) > 1e-3
   for a, b in zip(want, got, strict=True):
     assert a["train/reward_format"] == b["train/reward_format"]

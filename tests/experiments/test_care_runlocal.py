@@ -3,18 +3,15 @@ of the drawn prompts evolve (and stay within the cap), the static baseline never
 rubric, and a stopped-and-resumed run repeats the uninterrupted one (the rubrics are in the
 checkpoint's method arrays)."""
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import same_logged, train_grpo, train_records
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import rubric_evolution
-from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.tasks import get_task
-from jaxrl_post.training import loop
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = load_module(ROOT / "configs" / "care.py")
@@ -26,25 +23,10 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
-def _same(a, b):
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
-
-
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 def test_care_evolves_rubrics_and_resumes_exactly(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config(init_from=init), tmp_path / "straight")
-  records = _records(tmp_path / "straight")
+  straight = train_grpo(_config(init_from=init), tmp_path / "straight")
+  records = train_records(tmp_path / "straight")
   assert len(records) == 4
   part = straight.parts["rubric"]
   sizes = (part.state.ids >= 0).sum(axis=1)
@@ -55,9 +37,9 @@ def test_care_evolves_rubrics_and_resumes_exactly(tmp_path, format_writer_policy
   assert all(r["care/rubric_reward"] <= 1.0 for r in records)
   assert all(r["care/adaptive"] + r["care/chase"] <= 2 for r in records)
 
-  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
-  resumed = _train(_config(init_from=init), tmp_path / "resumed")
-  again = _records(tmp_path / "resumed")
+  train_grpo(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = train_grpo(_config(init_from=init), tmp_path / "resumed")
+  again = train_records(tmp_path / "resumed")
   for name, value in part.array_state().items():
     np.testing.assert_array_equal(resumed.parts["rubric"].array_state()[name], value,
                                   err_msg=name)
@@ -67,13 +49,13 @@ def test_care_evolves_rubrics_and_resumes_exactly(tmp_path, format_writer_policy
   assert [r["step"] for r in again] == [r["step"] for r in records]
   for a, b in zip(again, records, strict=True):
     for key in keys:
-      assert _same(a[key], b[key]), (a["step"], key, a[key], b[key])
+      assert same_logged(a[key], b[key]), (a["step"], key, a[key], b[key])
 
 
 def test_static_baseline_keeps_its_rubric(tmp_path, format_writer_policy):
-  method = _train(_config("runlocal,mode=static", init_from=str(format_writer_policy), steps=2),
+  method = train_grpo(_config("runlocal,mode=static", init_from=str(format_writer_policy), steps=2),
                   tmp_path / "static")
-  records = _records(tmp_path / "static")
+  records = train_records(tmp_path / "static")
   assert [r["care/added"] for r in records] == [0.0, 0.0]
   ids = method.parts["rubric"].state.ids
   np.testing.assert_array_equal(ids, np.tile([0, 1, -1, -1], (len(ids), 1)))

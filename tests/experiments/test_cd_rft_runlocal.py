@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import train_grpo
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import control_regularizer
-from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.tokenizers import get_tokenizer
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,15 +26,9 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
 def test_cd_rft_penalises_shared_control_and_resumes_exactly(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config("runlocal,gamma=0.1", init_from=init), tmp_path / "straight")
+  straight = train_grpo(_config("runlocal,gamma=0.1", init_from=init), tmp_path / "straight")
   records = [r for r in read_metrics(tmp_path / "straight") if "train/loss" in r]
   assert [r["step"] for r in records] == [1, 2, 3, 4]
   part = straight.parts["control"]
@@ -52,8 +45,8 @@ def test_cd_rft_penalises_shared_control_and_resumes_exactly(tmp_path, format_wr
   assert any(r["train/cd_rft_families"] == 2.0 and r["train/cd_rft_penalty"] > 0
              for r in records[1:])
 
-  _train(_config("runlocal,gamma=0.1", init_from=init, steps=2), tmp_path / "resumed")
-  _train(_config("runlocal,gamma=0.1", init_from=init), tmp_path / "resumed")
+  train_grpo(_config("runlocal,gamma=0.1", init_from=init, steps=2), tmp_path / "resumed")
+  train_grpo(_config("runlocal,gamma=0.1", init_from=init), tmp_path / "resumed")
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
   for key in KEYS:
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key
@@ -65,7 +58,7 @@ def test_displacement_scaled_variant_runs_without_evaluation(tmp_path, format_wr
   config = _config("runlocal,gamma=0.1,scale=displacement", init_from=str(format_writer_policy),
                    steps=3, eval_examples=0, eval_at_start=True, eval_every=1)
   assert config.control.scale == "displacement"
-  _train(config, tmp_path)
+  train_grpo(config, tmp_path)
   records = read_metrics(tmp_path)
   assert not [r for r in records if any(k.startswith("eval/") for k in r)]
   assert not (tmp_path / "eval_outcomes").exists()

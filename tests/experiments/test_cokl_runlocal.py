@@ -6,11 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import train_grpo
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import cokl_regularizer
-from jaxrl_post.methods.grpo import GRPO
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,23 +21,17 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
 def test_cokl_caches_reference_answers_and_resumes_exactly(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config(init_from=init), tmp_path / "straight")
+  straight = train_grpo(_config(init_from=init), tmp_path / "straight")
   records = [r for r in read_metrics(tmp_path / "straight") if "train/loss" in r]
   sampled = [r["cokl/ref_prompts_sampled"] for r in records]
   reg = straight.parts["regularizer"]
   assert sum(sampled) == reg.tried.sum() and sampled[0] == 2  # each prompt sampled once
   assert all("train/cokl_loss" in r for r in records)
 
-  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
-  resumed = _train(_config(init_from=init), tmp_path / "resumed")
+  train_grpo(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = train_grpo(_config(init_from=init), tmp_path / "resumed")
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
   np.testing.assert_array_equal(resumed.parts["regularizer"].tried, reg.tried)
   np.testing.assert_array_equal(resumed.parts["regularizer"].cache.count, reg.cache.count)

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
+from runlocal_helpers import same_logged
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.gtn_r import GTNR
@@ -23,11 +24,6 @@ def _config(arg="runlocal", **overrides):
   config.checkpoint_every = 0
   config.update(overrides)
   return config
-
-
-def _same(a, b):
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def test_config_variants_sweep_and_errors():
@@ -78,10 +74,10 @@ def test_pretrain_then_grpo_variants_and_exact_resume(tmp_path):
           "rollout/anchor_reward", "gtn_r/delta")
   for x, y in zip(a, b):
     for key in keys:
-      assert _same(x[key], y[key]), (x["step"], key, x[key], y[key])
+      assert same_logged(x[key], y[key]), (x["step"], key, x[key], y[key])
   assert all(r["rollout/anchor_reward"] > r["rollout/reward"] for r in a)
   evals = [r for r in read_metrics(tmp_path / "resumed") if "eval/mse" in r]
-  assert _same(evals[-1]["eval/mse"], [r for r in read_metrics(tmp_path / "straight")
+  assert same_logged(evals[-1]["eval/mse"], [r for r in read_metrics(tmp_path / "straight")
                                        if "eval/mse" in r][-1]["eval/mse"])
 
   # Variant A logs its regulariser and annealed λ, δ.

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import train_grpo
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.methods.grpo import GRPO
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,15 +20,9 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
 def test_replay_fills_replays_and_resumes_exactly(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config(init_from=init), tmp_path / "straight")
+  straight = train_grpo(_config(init_from=init), tmp_path / "straight")
   records = [r for r in read_metrics(tmp_path / "straight") if "train/loss" in r]
   assert records[0]["replay/accepted"] == 0  # nothing stored before the first update
   admitted = np.cumsum([r["replay/admitted"] for r in records])
@@ -42,8 +35,8 @@ def test_replay_fills_replays_and_resumes_exactly(tmp_path, format_writer_policy
   # The update's rows: 4 fresh groups + 2 replay slots of 4 rollouts, every step.
   assert all(r["train/num_updates"] == 2 for r in records)
 
-  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
-  resumed = _train(_config(init_from=init), tmp_path / "resumed")
+  train_grpo(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = train_grpo(_config(init_from=init), tmp_path / "resumed")
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
   for field in buffer._fields:
     got = getattr(resumed.parts["replay"].buffer, field)

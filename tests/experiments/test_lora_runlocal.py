@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 from flax import nnx
+from runlocal_helpers import train_records
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.grpo import GRPO
@@ -21,7 +22,6 @@ from jaxrl_post.models.lora import merge_adapters
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.training import loop
 from jaxrl_post.training.export import export_run
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARED = ("train/loss", "train/grad_norm", "train/reward_format", "rollout/logp_abs_diff_max")
@@ -38,10 +38,6 @@ def _config(init):
   return config
 
 
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 def _saved_paths(step_dir: Path) -> list[str]:
   metadata = ocp.StandardCheckpointer().metadata(step_dir / "state").item_metadata
   return [jax.tree_util.keystr(path) for path, _ in
@@ -54,7 +50,7 @@ def test_lora_grpo_trains_resumes_references_the_base_and_exports_merged(
   config = _config(format_writer_policy)
   method = GRPO(config)
   state = loop.train(config, tmp_path / "full", method)
-  full = _records(tmp_path / "full")
+  full = train_records(tmp_path / "full")
   assert [r["step"] for r in full] == [1, 2]
   assert max(r["train/grad_norm"] for r in full) > 1e-3  # a real signal
   # Sampler (merged kernels, base graph) and trainer (unmerged) agree to float rounding.
@@ -73,7 +69,7 @@ def test_lora_grpo_trains_resumes_references_the_base_and_exports_merged(
   shutil.copytree(tmp_path / "full", resumed)
   shutil.rmtree(resumed / "checkpoints" / "2")
   again = loop.train(config, resumed, GRPO(config))
-  for a, b in zip(full, _records(resumed), strict=True):
+  for a, b in zip(full, train_records(resumed), strict=True):
     assert {k: a[k] for k in COMPARED} == {k: b[k] for k in COMPARED}
   for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(again.params)):
     np.testing.assert_array_equal(x, y)

@@ -4,13 +4,13 @@ trains, reports the admission metrics, and resumes to the same metrics as an unb
 from pathlib import Path
 
 import pytest
+from runlocal_helpers import train_records
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import group_source
 from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.tasks.base import get_task
 from jaxrl_post.training import loop
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARED = ("train/loss", "train/grad_norm", "train/reward_format", "admission/held_arith1",
@@ -28,14 +28,10 @@ def _config(init, **overrides):
   return config
 
 
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 def test_misa_t_runlocal_trains_and_resumes_exactly(tmp_path, format_writer_policy):
   config = _config(format_writer_policy, steps=3, checkpoint_every=3)
   loop.train(config, tmp_path / "full", GRPO(config))
-  full = _records(tmp_path / "full")
+  full = train_records(tmp_path / "full")
   assert [r["step"] for r in full] == [1, 2, 3]
   assert max(r["train/grad_norm"] for r in full) > 1e-3  # a real signal is compared
   # The 16-block budget binds: sessions are held, and the consumed mixture is tracked.
@@ -47,7 +43,7 @@ def test_misa_t_runlocal_trains_and_resumes_exactly(tmp_path, format_writer_poli
   loop.train(config, workdir, GRPO(config))
   config = _config(format_writer_policy, steps=3, checkpoint_every=2)
   loop.train(config, workdir, GRPO(config))
-  resumed = _records(workdir)
+  resumed = train_records(workdir)
   assert [r["step"] for r in resumed] == [1, 2, 3]
   for a, b in zip(full, resumed, strict=True):
     assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED}, abs=0)
@@ -71,7 +67,7 @@ def test_misa_t_caps_the_slots_of_continuous_batching(tmp_path, format_writer_po
   config = _config(format_writer_policy, steps=2, checkpoint_every=2)
   config.rollout.num_slots, config.rollout.admit_size = 4, 2
   loop.train(config, tmp_path / "slots", GRPO(config))
-  records = _records(tmp_path / "slots")
+  records = train_records(tmp_path / "slots")
   assert [r["step"] for r in records] == [1, 2]
   for r in records:  # each class's share of the 4 slots, at least one slot each
     caps = [r["admission/slot_cap_arith1"], r["admission/slot_cap_arith3"]]

@@ -3,10 +3,11 @@ objective, an injected fault runs, and a stopped-and-resumed run repeats the uni
 
 from pathlib import Path
 
+from runlocal_helpers import train_records
+
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.training import loop
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ARG = "runlocal,fault=logp_precision"
@@ -21,17 +22,13 @@ def _config(**overrides):
   return config
 
 
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 def test_moe_grpo_trains_with_aux_loss_and_resumes_exactly(tmp_path):
   loop.train(_config(), tmp_path / "straight", GRPO(_config()))
-  records = _records(tmp_path / "straight")
+  records = train_records(tmp_path / "straight")
   assert [r["step"] for r in records] == [1, 2]
   assert all(r["train/moe_aux_loss"] > 0 and r["fault/logp_gap"] > 0 for r in records)
   loop.train(_config(steps=1), tmp_path / "resumed", GRPO(_config(steps=1)))
   loop.train(_config(), tmp_path / "resumed", GRPO(_config()))
-  again = _records(tmp_path / "resumed")
+  again = train_records(tmp_path / "resumed")
   for key in ("train/loss", "train/moe_aux_loss", "fault/logp_gap"):
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key

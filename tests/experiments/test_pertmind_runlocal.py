@@ -2,10 +2,10 @@
 path-supervised GRPO; sampler and trainer log-probs agree under the
 grammar, and a stopped-and-resumed run repeats the uninterrupted one."""
 
-import math
 from pathlib import Path
 
 import pytest
+from runlocal_helpers import same_logged
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.grpo import GRPO, task_grammar
@@ -17,11 +17,6 @@ from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = load_module(ROOT / "configs" / "pertmind.py")
-
-
-def _same(a, b):
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def test_constrained_grpo_trains_and_resumes_exactly(tmp_path):
@@ -46,7 +41,7 @@ def test_constrained_grpo_trains_and_resumes_exactly(tmp_path):
   keys = ("train/loss", "train/reward_correct", "train/pertmind_reward", "train/grad_norm")
   for a, b in zip(again, straight, strict=True):
     for key in keys:
-      assert _same(a[key], b[key]), (a["step"], key, a[key], b[key])
+      assert same_logged(a[key], b[key]), (a["step"], key, a[key], b[key])
 
 
 def test_config_variants_and_errors():

@@ -9,10 +9,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from runlocal_helpers import train_grpo
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.methods.grpo import GRPO
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,12 +28,6 @@ def _config(init_from, **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
 def _steps(workdir):
   return [r for r in read_metrics(workdir) if "train/loss" in r]
 
@@ -43,7 +36,7 @@ def _steps(workdir):
 def straight(tmp_path_factory, format_writer_policy):
   """An uninterrupted 2-step run: `(method, records)`."""
   workdir = tmp_path_factory.mktemp("ppo") / "straight"
-  return _train(_config(format_writer_policy), workdir), _steps(workdir)
+  return train_grpo(_config(format_writer_policy), workdir), _steps(workdir)
 
 
 def test_ppo_logs_the_critic_and_trains_it(straight):
@@ -65,8 +58,8 @@ def test_ppo_logs_the_critic_and_trains_it(straight):
 @pytest.mark.slow
 def test_ppo_resumes_exactly(tmp_path, format_writer_policy, straight):
   method, records = straight
-  _train(_config(format_writer_policy, steps=1), tmp_path / "resumed")
-  resumed = _train(_config(format_writer_policy), tmp_path / "resumed")
+  train_grpo(_config(format_writer_policy, steps=1), tmp_path / "resumed")
+  resumed = train_grpo(_config(format_writer_policy), tmp_path / "resumed")
   again = _steps(tmp_path / "resumed")
   for key in ("train/loss", *CRITIC_KEYS):
     assert [(r["step"], r[key]) for r in again] == [(r["step"], r[key]) for r in records], key

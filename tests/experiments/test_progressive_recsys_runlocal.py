@@ -3,7 +3,6 @@ variants and errors; pretrain, then RFT from its workdir, stopped and resumed, r
 uninterrupted run; a large β keeps the policy at the reference (KL → 0). The whole phase chain
 runs in scripts/progressive_recsys_grid.py."""
 
-import math
 from pathlib import Path
 
 import jax
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 from flax import nnx
+from runlocal_helpers import same_logged
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import progressive_recsys as prs
@@ -37,11 +37,6 @@ def _train(config, workdir):
   method = prs.ProgressiveRecsys(config)
   loop.train(config, workdir, method)
   return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
-def _same(a, b):
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def test_config_variants_sweep_and_errors(tmp_path):
@@ -87,7 +82,7 @@ def test_pretrain_then_rft_stop_and_resume_repeats_the_straight_run(tmp_path):
   assert [r["step"] for r in resumed] == [1, 2]
   for a, b in zip(resumed, straight, strict=True):
     for key in keys:
-      assert _same(a[key], b[key]), (a["step"], key, a[key], b[key])
+      assert same_logged(a[key], b[key]), (a["step"], key, a[key], b[key])
   last = [r for r in read_metrics(tmp_path / "resumed") if "eval/rank_ndcg" in r][-1]
   want = [r for r in read_metrics(tmp_path / "straight") if "eval/rank_ndcg" in r][-1]
   assert last["eval/funnel_ndcg"] == want["eval/funnel_ndcg"]

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import same_logged, train_grpo, train_records
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import interventions
-from jaxrl_post.methods.grpo import GRPO
-from jaxrl_post.training import loop
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = load_module(ROOT / "configs" / "rail.py")
@@ -25,25 +23,10 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
-def _same(a, b):
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
-
-
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 def test_rail_intervenes_learns_and_resumes_exactly(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config(init_from=init), tmp_path / "straight")
-  records = _records(tmp_path / "straight")
+  straight = train_grpo(_config(init_from=init), tmp_path / "straight")
+  records = train_records(tmp_path / "straight")
   assert len(records) == 4
   config = _config()
   part = straight.parts["intervention"]
@@ -56,9 +39,9 @@ def test_rail_intervenes_learns_and_resumes_exactly(tmp_path, format_writer_poli
   assert all(r["rail/interventions"] <= config.intervention.max_groups for r in records)
   assert int(part.switch.decisions) == 4 * b
 
-  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
-  resumed = _train(_config(init_from=init), tmp_path / "resumed")
-  again = _records(tmp_path / "resumed")
+  train_grpo(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = train_grpo(_config(init_from=init), tmp_path / "resumed")
+  again = train_records(tmp_path / "resumed")
   state = part.array_state()
   for key in ("bandit", "switch"):
     for name, value in state[key].items():
@@ -71,7 +54,7 @@ def test_rail_intervenes_learns_and_resumes_exactly(tmp_path, format_writer_poli
   assert [r["step"] for r in again] == [r["step"] for r in records]
   for a, b_ in zip(again, records, strict=True):
     for key in keys:
-      assert _same(a[key], b_[key]), (a["step"], key, a[key], b_[key])
+      assert same_logged(a[key], b_[key]), (a["step"], key, a[key], b_[key])
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -128,8 +111,8 @@ def test_rail_scores_the_extra_rows_with_the_overlong_column(tmp_path, format_wr
   config = _config(init_from=str(format_writer_policy), steps=2)
   config.reward_weights = dict(correct=1.0, format=0.1, overlong=1.0)
   config.overlong = dict(max_len=config.max_new_tokens, cache_len=config.max_new_tokens // 2)
-  method = _train(config, tmp_path / "overlong")
-  records = _records(tmp_path / "overlong")
+  method = train_grpo(config, tmp_path / "overlong")
+  records = train_records(tmp_path / "overlong")
   assert [r["step"] for r in records] == [1, 2]
   assert sum(r["rail/extra_rows"] for r in records) > 0
   assert all(math.isfinite(r["train/loss"]) and math.isfinite(r["rail/gain"]) for r in records)
@@ -140,9 +123,9 @@ def test_live_switch_acts_from_the_first_step_and_old_checkpoints_load(tmp_path,
                                                                       format_writer_policy):
   # switch=live: the bandit picks every executed arm (no heuristic, no random arms); the
   # share rule's record is still kept and logged.
-  method = _train(_config("runlocal,switch=live", init_from=str(format_writer_policy), steps=2),
+  method = train_grpo(_config("runlocal,switch=live", init_from=str(format_writer_policy), steps=2),
                   tmp_path / "live")
-  records = _records(tmp_path / "live")
+  records = train_records(tmp_path / "live")
   assert [r["rail/controller_share"] for r in records] == [1.0, 1.0]
   assert all(r["rail/live"] == 1.0 and r["rail/random_share"] == 0.0 for r in records)
   part = method.parts["intervention"]

@@ -5,10 +5,9 @@ the uninterrupted one (the risks and the prior are in the checkpoint's method ar
 from pathlib import Path
 
 import numpy as np
+from runlocal_helpers import train_grpo
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.methods.grpo import GRPO
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,15 +19,9 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
 def test_rapo_scales_redraws_and_resumes_exactly(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config(init_from=init), tmp_path / "straight")
+  straight = train_grpo(_config(init_from=init), tmp_path / "straight")
   records = read_metrics(tmp_path / "straight")
   steps = [r for r in records if "train/loss" in r]
   assert all(0.2 <= r["train/rapo_lambda_min"] <= r["train/rapo_lambda_mean"] <= 1.0
@@ -38,8 +31,8 @@ def test_rapo_scales_redraws_and_resumes_exactly(tmp_path, format_writer_policy)
   assert [r["step"] for r in records if "prior/seen_fraction" in r] == [3]
   assert not np.allclose(straight.parts["task_prior"].loader.probs, 1 / 16)
 
-  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
-  resumed = _train(_config(init_from=init), tmp_path / "resumed")
+  train_grpo(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = train_grpo(_config(init_from=init), tmp_path / "resumed")
   again = read_metrics(tmp_path / "resumed")
   prior, want = resumed.parts["task_prior"], straight.parts["task_prior"]
   np.testing.assert_array_equal(prior.risk, want.risk)

@@ -2,11 +2,11 @@
 failure buffer, the curriculum and the windowed KL; sampler and trainer log-probs agree under
 the grammar, and a stopped-and-resumed run repeats the uninterrupted one (buffer included)."""
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import same_logged
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods.recoverfly import RecoverFly
@@ -15,11 +15,6 @@ from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = load_module(ROOT / "configs" / "recoverfly.py")
-
-
-def _same(a, b):
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
 
 
 class _NoEval(RecoverFly):
@@ -56,7 +51,7 @@ def test_recoverfly_trains_and_resumes_exactly(tmp_path):
           "failure/buffer_size", "failure/replayed")
   for a, b in zip(again, straight, strict=True):
     for key in keys:
-      assert _same(a[key], b[key]), (a["step"], key, a[key], b[key])
+      assert same_logged(a[key], b[key]), (a["step"], key, a[key], b[key])
   for key, value in method.parts["recoverfly"].array_state().items():
     np.testing.assert_array_equal(resumed.parts["recoverfly"].array_state()[key], value, key)
 

@@ -7,6 +7,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from runlocal_helpers import train_records
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import group_source
@@ -14,7 +15,6 @@ from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.models import get_model_config
 from jaxrl_post.sampling.sampler_process import SamplerProcess
 from jaxrl_post.training import loop
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARED = ("train/loss", "train/grad_norm", "train/reward_format", "rollout/logp_abs_diff_max",
@@ -30,10 +30,6 @@ def _config(init, **rollout):
   return config
 
 
-def _records(workdir):
-  return [r for r in read_metrics(workdir) if "train/loss" in r]
-
-
 @pytest.mark.slow  # two runs and a second JAX process (≈ 40 s)
 def test_sampler_process_gives_the_in_process_run(tmp_path, format_writer_policy):
   here = _config(format_writer_policy)
@@ -41,7 +37,7 @@ def test_sampler_process_gives_the_in_process_run(tmp_path, format_writer_policy
   apart = _config(format_writer_policy, sampler_process=True)
   method = GRPO(apart)
   loop.train(apart, tmp_path / "apart", method)
-  ours, theirs = _records(tmp_path / "here"), _records(tmp_path / "apart")
+  ours, theirs = train_records(tmp_path / "here"), train_records(tmp_path / "apart")
   assert max(r["train/grad_norm"] for r in ours) > 1e-3  # a real signal is compared
   assert [r["rollout/staleness_max"] for r in theirs] == [0, 1, 1]
   for a, b in zip(ours, theirs, strict=True):

@@ -5,11 +5,10 @@ and does not score the pool again (the prior is in the checkpoint's method array
 from pathlib import Path
 
 import numpy as np
+from runlocal_helpers import train_grpo
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.tasks import trajval_weights
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,18 +20,12 @@ def _config(arg, **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
 def test_trajval_probe_then_prior_and_exact_resume(tmp_path, format_writer_policy):
   init = str(format_writer_policy)
-  _train(_config("runlocal,probe", init_from=init), tmp_path / "probe")
+  train_grpo(_config("runlocal,probe", init_from=init), tmp_path / "probe")
   config = _config("runlocal", init_from=init, eval_every=100)
   config.task_prior.probe = str(tmp_path / "probe")
-  straight = _train(config, tmp_path / "straight")
+  straight = train_grpo(config, tmp_path / "straight")
   prior = straight.parts["task_prior"]
   assert prior.ready and prior.r_early.shape == (16,)
   np.testing.assert_allclose(prior.loader.probs, trajval_weights(
@@ -44,8 +37,8 @@ def test_trajval_probe_then_prior_and_exact_resume(tmp_path, format_writer_polic
   # Stopped after step 2 (a checkpoint), then the full command again.
   short = _config("runlocal", init_from=init, eval_every=100, steps=2)
   short.task_prior.probe = str(tmp_path / "probe")
-  _train(short, tmp_path / "resumed")
-  resumed = _train(config, tmp_path / "resumed")
+  train_grpo(short, tmp_path / "resumed")
+  resumed = train_grpo(config, tmp_path / "resumed")
   again = read_metrics(tmp_path / "resumed")
   assert [r["step"] for r in again if "prior/r_early" in r] == [1]  # not scored again
   np.testing.assert_array_equal(resumed.parts["task_prior"].r_early, prior.r_early)

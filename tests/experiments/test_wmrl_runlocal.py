@@ -3,18 +3,16 @@ groups, the calibrator fits on the anchors' pairs within the run, fewer rows tha
 real reward, and a stopped-and-resumed run repeats the uninterrupted one (calibrator and IVD
 state are in the checkpoint's method arrays)."""
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import same_logged, train_grpo
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.methods import world_model
-from jaxrl_post.methods.grpo import GRPO
 from jaxrl_post.tasks import get_task
 from jaxrl_post.tokenizers import get_tokenizer
-from jaxrl_post.training import loop
 from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,22 +25,10 @@ def _config(arg="runlocal", **overrides):
   return config
 
 
-def _train(config, workdir):
-  method = GRPO(config)
-  loop.train(config, workdir, method)
-  return method
-
-
-def _same(a, b):
-  """Equal, NaN equal to NaN (the metrics file writes a NaN as the string "nan")."""
-  a, b = (float(x) if isinstance(x, str) else x for x in (a, b))
-  return a == b or (math.isnan(a) and math.isnan(b))
-
-
 def test_wmrl_fits_the_calibrator_saves_env_rows_and_resumes_exactly(tmp_path,
                                                                      format_writer_policy):
   init = str(format_writer_policy)
-  straight = _train(_config(init_from=init), tmp_path / "straight")
+  straight = train_grpo(_config(init_from=init), tmp_path / "straight")
   records = [r for r in read_metrics(tmp_path / "straight") if "train/loss" in r]
   assert len(records) == 4
   config = _config()
@@ -56,8 +42,8 @@ def test_wmrl_fits_the_calibrator_saves_env_rows_and_resumes_exactly(tmp_path,
   assert records[-1]["wmrl/calibrator_fitted"] == 1.0
   assert records[0]["wmrl/calibrator_fitted"] == 1.0  # 4 pairs = min_pairs at step 1
 
-  _train(_config(init_from=init, steps=2), tmp_path / "resumed")
-  resumed = _train(_config(init_from=init), tmp_path / "resumed")
+  train_grpo(_config(init_from=init, steps=2), tmp_path / "resumed")
+  resumed = train_grpo(_config(init_from=init), tmp_path / "resumed")
   again = [r for r in read_metrics(tmp_path / "resumed") if "train/loss" in r]
   for key in ("calibrator", "ivd"):
     for name, value in straight.parts["world_model"].array_state()[key].items():
@@ -69,7 +55,7 @@ def test_wmrl_fits_the_calibrator_saves_env_rows_and_resumes_exactly(tmp_path,
   assert [r["step"] for r in again] == [r["step"] for r in records]
   for a, b in zip(again, records, strict=True):
     for key in keys:
-      assert _same(a[key], b[key]), (a["step"], key, a[key], b[key])
+      assert same_logged(a[key], b[key]), (a["step"], key, a[key], b[key])
 
 
 def test_config_variants_and_sweep_build():
