@@ -183,6 +183,9 @@ class Interventions:
     if self.switch_rule not in SWITCHES:
       raise ValueError(f"config.intervention.switch={self.switch_rule!r}; valid: "
                        f"{', '.join(SWITCHES)}")
+    # The library's rule the record is kept under ("live" starts live; its record is still
+    # logged, under the streak rule, which never changes an already live switch).
+    self.record_rule = "streak" if self.switch_rule == "live" else self.switch_rule
     self.min_share = float(knobs.get("min_share", iv.RAIL_MIN_SHARE))
     if not 0.0 < self.min_share <= 1.0:
       raise ValueError(f"config.intervention.min_share must be in (0, 1], got {self.min_share}")
@@ -263,8 +266,7 @@ class Interventions:
         agree = controller == heuristic and self.hold_on_agreement
         self.switch = iv.shadow_to_live_update(
           self.switch, scores.lcb[controller], scores.mean[heuristic], window=knobs.window,
-          agree=agree, rule="streak" if self.switch_rule == "live" else self.switch_rule,
-          min_share=self.min_share)
+          agree=agree, rule=self.record_rule, min_share=self.min_share)
       arms.append(arm)
       sources.append(source)
     arm = np.asarray(arms, np.int32)
