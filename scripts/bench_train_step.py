@@ -7,6 +7,8 @@ r"""One GRPO step, timed by phase, with update throughput against a matmul peak 
   python scripts/bench_train_step.py --config.prompts_per_step=8 --config.group_size=4 \
       --config.max_new_tokens=64 --config.ppo_mini_batches=1 --config.num_micro_batches=1
       # the issue-22 case, with TRL's GRPOTrainer beside it (`--skip_trl`: ours only)
+  python scripts/bench_train_step.py ... --config.rollout.old_logp=detached
+      # the same, without the old-policy scoring pass (as TRL with one update per generation)
 
 The step is the one `experiments/grpo.py` runs (random-init policy, so
 completions mostly run to `max_new_tokens`: the slow case): generate → reward
@@ -68,6 +70,7 @@ from jaxrl_post.benchmarking import matmul_peak
 from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.training import setup as run_setup
+from jaxrl_post.training.async_rollouts import rollout_options
 from jaxrl_post.training.checkpoint import StartPoint
 from jaxrl_post.training.objectives import make_policy_loss
 from jaxrl_post.training.ppo import ppo_mini_batches
@@ -223,6 +226,9 @@ def main(argv):
   sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len)
   advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
   g = config.group_size
+  # `config.rollout.old_logp` (checked as the binaries check it): "trainer" scores the old
+  # policy; "sampler" and "detached" (one update per step) skip that pass.
+  old_logp_source = rollout_options(config).old_logp
   rows = []
 
   def one_step(step):
@@ -243,8 +249,13 @@ def main(argv):
                  completion_tokens=rollout.completion_tokens,
                  completion_mask=rollout.completion_mask, adv=adv)
     inputs = {k: v for k, v in batch.items() if k != "adv"}
-    batch["old_logp"] = _timed(timings, "time/score", sampler.score, state.params, **inputs,
-                               temperature=config.temperature).logp
+    timings["time/score"] = 0.0
+    if old_logp_source == "trainer":
+      batch["old_logp"] = _timed(timings, "time/score", sampler.score, state.params, **inputs,
+                                 temperature=config.temperature).logp
+    elif old_logp_source == "sampler":
+      batch["old_logp"] = rollout.logp
+    # "detached": no old_logp; the loss takes its own log-probs under stop_gradient.
     timings["time/reference"] = 0.0
     if reference_params is not None:
       batch["ref_logp"] = _timed(timings, "time/reference", sampler.score, reference_params,
@@ -278,7 +289,7 @@ def main(argv):
   common = {"model": config.model, "params_m": round(model.config.num_params() / 1e6, 2),
             "rollouts": config.prompts_per_step * g, "max_new_tokens": config.max_new_tokens,
             "ppo_epochs": config.ppo_epochs, "ppo_mini_batches": config.ppo_mini_batches,
-            "num_micro_batches": config.num_micro_batches}
+            "num_micro_batches": config.num_micro_batches, "old_logp": old_logp_source}
   print(json.dumps({
     "what": "grpo_step", "engine": "jaxrl_post", **common, **{k: median[k] for k in _PHASES},
     "time/step": total, **{f"share/{k[5:]}": median[k] / total for k in _PHASES},

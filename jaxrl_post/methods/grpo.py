@@ -482,7 +482,7 @@ def step_record(updates, rollout, old_logp, verified: Verified, completion_mask,
 
 
 def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
-                  timings: dict[str, float], *, reference=None, sampler_old_logp=False):
+                  timings: dict[str, float], *, reference=None, old_logp_source="trainer"):
   """The PPO phase's batch: the rollout's rows (trimmed) with `adv`, `old_logp` and, with a
   `reference`, `ref_logp`, scored by the trainer on its mesh (`put` places a host batch there).
 
@@ -492,10 +492,12 @@ def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
   still on the trainer's devices. In a LoRA run `params` and `reference` are adapters, scored
   with the frozen base (`run.frozen`) through the adapted graph, the update's own forward.
 
-  `sampler_old_logp` (`config.rollout.old_logp="sampler"`, Miles' `--use-rollout-logprobs`):
-  `old_logp` are the sampler's recorded log-probs instead (the policy that sampled: the PPO
-  ratio then measures the whole distance to it, staleness included) and the trainer's scoring
-  pass is skipped; the returned `old_logp` is None.
+  `old_logp_source` (`config.rollout.old_logp`): "trainer" scores the batch with `params`;
+  "sampler" (Miles' `--use-rollout-logprobs`) takes the sampler's recorded log-probs instead
+  (the policy that sampled: the PPO ratio then measures the whole distance to it, staleness
+  included); "detached" leaves `old_logp` out of the batch, and the loss takes its own
+  log-probs under `stop_gradient` (`training.objectives.make_policy_loss`; a step of one
+  update). The last two skip the scoring pass and return `old_logp` None.
   """
   frozen = getattr(runtime.evaluator.run, "frozen", None)
   tic = time.perf_counter()
@@ -512,9 +514,11 @@ def score_rollout(runtime: PolicyRuntime, config, put, params, rollout, adv,
     return runtime.scorer.score(p, **inputs, temperature=config.temperature,
                                 num_micro_batches=config.score_micro_batches).logp
 
-  if sampler_old_logp:
+  if old_logp_source == "sampler":
     width = batch["completion_mask"].shape[1]
     batch["old_logp"] = np.asarray(multihost.to_host(rollout.logp), np.float32)[:, :width]
+    old_logp = None
+  elif old_logp_source == "detached":
     old_logp = None
   else:
     old_logp = score(params)
@@ -563,6 +567,15 @@ class GRPO:
     pertmind = build_pertmind(config)  # PertMind's reward; first, as it sets the advantages
     if pertmind is not None:
       self.parts = {"pertmind": pertmind, **self.parts}
+    if self.rollout_options.old_logp == "detached":
+      # Parts that rewrite the batch or wrap the loss may read `old_logp` (on the host or in
+      # the loss); with "detached" the batch has none, so they need the scoring pass.
+      readers = [k for k, part in self.parts.items()
+                 if hasattr(part, "transform") or hasattr(part, "wrap_loss")]
+      if readers:
+        raise ValueError(f"config.rollout.old_logp='detached' leaves old_logp out of the batch, "
+                         f"and config.{readers[0]} reads or rewrites the batch: use "
+                         "old_logp='trainer'")
     self.loss_fn, self.shared_keys = self.objective.loss_fn, ()
     for part in self.parts.values():
       if hasattr(part, "wrap_loss"):
@@ -667,7 +680,7 @@ class GRPO:
       ctx, extra = ctx._replace(verified=verified), extra | metrics
     batch, old_logp = score_rollout(
       self.runtime, config, put, state.params, rollout, verified.adv, timings,
-      reference=self.reference, sampler_old_logp=self.rollout_options.old_logp == "sampler")
+      reference=self.reference, old_logp_source=self.rollout_options.old_logp)
     if self.sampler_correction:
       # The sampler's own log-probs, for the TIS / IcePop weights exp(old_logp − sampler_logp)
       # (`losses.sampler_importance_weights`): off-policy batches and engine mismatch.

@@ -34,7 +34,12 @@ masked (IcePop) ratio exp(old_logp − logp_sampler) between that policy and the
 sampled (`losses.sampler_importance_weights`), the decoupled objective of Hilton et al.,
 arXiv 2110.00641. "sampler" takes the sampler's recorded log-probs as `old_logp` (Miles'
 `--use-rollout-logprobs`): the clipped ratio is then to the policy that sampled, and the
-trainer's scoring pass, a forward over the whole batch, is skipped.
+trainer's scoring pass, a forward over the whole batch, is skipped. "detached" takes the
+loss's own log-probs under `stop_gradient` as `old_logp` (TRL's GRPOTrainer with one update
+per generation): exact only when the step makes one optimizer update (`ppo_epochs ×
+ppo_mini_batches = 1`), where `old_logp` would be recomputed with the very parameters the
+loss differentiates at, so the ratio is 1 and the gradient is the same; it also skips the
+scoring pass.
 
 Weight sync (`WeightSync`): after each update the trainer's parameters are copied into the
 sampler's layout (`parallel.reshard`: a re-layout on the same devices, a device-to-device
@@ -82,7 +87,7 @@ from jaxrl_post.sampling import admission
 
 ROLLOUT_MODES = ("sync", "one_step_off", "async")
 UNUSED_POLICIES = ("drop", "retry")
-OLD_LOGP_SOURCES = ("trainer", "sampler")
+OLD_LOGP_SOURCES = ("trainer", "sampler", "detached")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +102,9 @@ class RolloutOptions:
   sync_bucket_mb: float = 512.0  # the most bytes one bucket of a weight sync moves at once
   true_on_policy: bool = False  # the sampler's log-probs must equal the trainer's
   true_on_policy_tol: float = 0.0  # largest |logp_sampler − logp_trainer| allowed
-  # The PPO ratio's denominator: "trainer" (recomputed with θ_{t−1}, the proximal policy) or
-  # "sampler" (the recorded log-probs of the policy that sampled; no scoring pass).
+  # The PPO ratio's denominator: "trainer" (recomputed with θ_{t−1}, the proximal policy),
+  # "sampler" (the recorded log-probs of the policy that sampled; no scoring pass) or
+  # "detached" (stop_gradient of the loss's own log-probs; one update per step; no scoring).
   old_logp: str = "trainer"
   # Rollout admission (`sampling.admission`, MISA-T arXiv 2608.11152): "none" (every drawn
   # batch is generated as drawn) or a policy the batches are drawn through
@@ -169,9 +175,14 @@ def rollout_options(config) -> RolloutOptions:
   if options.old_logp not in OLD_LOGP_SOURCES:
     raise ValueError(f"config.rollout.old_logp={options.old_logp!r}; valid: "
                      f"{', '.join(OLD_LOGP_SOURCES)}")
-  if options.old_logp == "sampler" and options.true_on_policy:
+  if options.old_logp != "trainer" and options.true_on_policy:
     raise ValueError("config.rollout.true_on_policy compares the sampler's log-probs with the "
                      "trainer's: it needs config.rollout.old_logp='trainer'")
+  updates = config.get("ppo_epochs", 1) * config.get("ppo_mini_batches", 1)
+  if options.old_logp == "detached" and updates != 1:
+    raise ValueError(f"config.rollout.old_logp='detached' equals the recomputed old policy only "
+                     f"when a step makes one update; config.ppo_epochs × "
+                     f"config.ppo_mini_batches = {updates}: use old_logp='trainer'")
   if options.old_logp == "sampler" and config.get("loss", {}).get(
       "sampler_correction", "none") != "none":
     raise ValueError("config.loss.sampler_correction weights exp(old_logp − sampler_logp), "

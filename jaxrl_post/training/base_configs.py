@@ -211,7 +211,9 @@ def grpo_base(loss: str = "grpo") -> ml_collections.ConfigDict:
   # weights with the trainer's after each sync; true_on_policy fails a step whose sampler
   # log-probs differ from the trainer's by more than true_on_policy_tol. Off-policy batches
   # want loss.sampler_correction="truncate" (TIS) or "mask" (IcePop), or old_logp="sampler"
-  # (the ratio to the sampling policy itself, without the trainer's scoring pass).
+  # (the ratio to the sampling policy itself, without the trainer's scoring pass);
+  # old_logp="detached" skips that pass in a step of one update (ppo_epochs = ppo_mini_batches
+  # = 1): the old policy is then the loss's own log-probs under stop_gradient.
   # num_slots > 0 decodes the step's rows by continuous batching through that many cache slots
   # (admit_size rows prefilled together; 0: num_slots // 8): generation time follows the
   # total of tokens, not rows × the longest; with an admission policy that has class caps

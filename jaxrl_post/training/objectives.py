@@ -57,7 +57,9 @@ def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0,
   """`(model, batch) -> (loss, aux)` for a policy-gradient update.
 
   The batch holds a rollout (`prompt_*`, `completion_*`), `old_logp` (the
-  policy that sampled, recomputed by `score`), `adv` `[batch]` or
+  policy that sampled, recomputed by `score`; absent: `stop_gradient` of the loss's own
+  log-probs, the old policy of a step that makes one update, whose ratio is then exactly 1:
+  `config.rollout.old_logp="detached"`), `adv` `[batch]` or
   `[batch, time]`, optional `ref_logp`, and the global `num_tokens` /
   `num_sequences`. `loss_kwargs` go to the registered policy loss
   (`jaxrl_post.losses`).
@@ -82,8 +84,11 @@ def make_policy_loss(*, policy_loss: str = "grpo", temperature: float = 1.0,
     logp = scored.logp if "logp_scale" not in batch else batch["logp_scale"] * scored.logp
     # The sampler's log-probs, when the batch has them, for the TIS / IcePop correction.
     sampler = {"sampler_logp": batch["sampler_logp"]} if "sampler_logp" in batch else {}
+    # Without `old_logp` the old policy is the current one (`config.rollout.old_logp=
+    # "detached"`): the unscaled log-probs, as `score` would have given them.
+    old_logp = batch.get("old_logp", jax.lax.stop_gradient(scored.logp))
     value, aux = loss_fn(
-      logp, batch["old_logp"], batch["adv"], batch["completion_mask"],
+      logp, old_logp, batch["adv"], batch["completion_mask"],
       ref_logp=batch.get("ref_logp"), entropy=jax.lax.stop_gradient(scored.entropy),
       num_tokens=batch["num_tokens"], num_sequences=batch["num_sequences"], **sampler,
       **loss_kwargs)

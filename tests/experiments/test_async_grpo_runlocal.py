@@ -116,3 +116,36 @@ def test_continuous_batching_gives_the_static_batch_s_step(tmp_path, format_writ
     assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4, abs=1e-6)
   with pytest.raises(ValueError, match=r"config.rollout.num_slots=-1 must be >= 0"):
     GRPO(_config(format_writer_policy, rollout=dict(num_slots=-1)))
+
+
+def test_detached_old_logp_trains_like_the_scored_old_policy(tmp_path, format_writer_policy):
+  # config.rollout.old_logp="detached": a step of one update takes the loss's own log-probs
+  # under stop_gradient as the old policy instead of a scoring pass with the same parameters.
+  # The ratio is then exactly 1 rather than 1 up to the two forwards' rounding, so the steps
+  # agree to float rounding, not bitwise.
+  scored = _config(format_writer_policy, ppo_mini_batches=1)
+  loop.train(scored, tmp_path / "scored", GRPO(scored))
+  detached = _config(format_writer_policy, ppo_mini_batches=1,
+                     rollout=dict(old_logp="detached"))
+  loop.train(detached, tmp_path / "detached", GRPO(detached))
+  want, got = train_records(tmp_path / "scored"), train_records(tmp_path / "detached")
+  assert max(r["train/grad_norm"] for r in want) > 1e-3
+  for a, b in zip(want, got, strict=True):
+    assert a["train/reward_format"] == b["train/reward_format"]
+    assert a["rollout/completion_length_mean"] == b["rollout/completion_length_mean"]
+    for key in ("train/loss", "train/grad_norm"):
+      assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert "rollout/logp_abs_diff_max" in a and "rollout/logp_abs_diff_max" not in b
+    # The ratio is exactly 1 (as float32 exp(0)): nothing is clipped.
+    assert b["train/ratio_mean"] == 1.0
+    assert b["train/clip_frac_low"] == b["train/clip_frac_high"] == 0.0
+
+  with pytest.raises(ValueError, match=r"old_logp='detached' equals .* = 2"):
+    GRPO(_config(format_writer_policy, rollout=dict(old_logp="detached")))
+  # RAPO's per-sample scale reads old_logp on the host: it needs the scoring pass.
+  rapo = _config(format_writer_policy, ppo_mini_batches=1, rollout=dict(old_logp="detached"))
+  rapo.sample_scale = ml_collections.ConfigDict(dict(
+    name="rapo", kappa=2.0, lam_min=0.2, normalise="zscore", sensitivity="sampled",
+    binary=True))
+  with pytest.raises(ValueError, match=r"config.sample_scale reads or rewrites the batch"):
+    loop.train(rapo, tmp_path / "rapo", GRPO(rapo))

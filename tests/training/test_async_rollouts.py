@@ -147,6 +147,7 @@ def test_a_producer_failure_reaches_the_trainer():
   (dict(old_logp="engine"), "config.rollout.old_logp='engine'"),
   (dict(old_logp="sampler", true_on_policy=True), "needs config.rollout.old_logp='trainer'"),
   (dict(old_logp="sampler", loss=True), "config.loss.sampler_correction weights"),
+  (dict(old_logp="detached", true_on_policy=True), "needs config.rollout.old_logp='trainer'"),
   (dict(sampler_process=True), "config.rollout.sampler_process=True samples in another"),
   (dict(mode="one_step_off", sampler_process=True, keep_versions=1),
    "config.rollout.keep_versions=1"),

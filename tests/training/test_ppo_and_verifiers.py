@@ -130,6 +130,32 @@ def test_trimmed_batch_gives_the_same_loss_and_gradient(mode):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+def test_policy_loss_without_old_logp_is_the_scored_old_policy_s():
+  # `config.rollout.old_logp="detached"`: a batch without `old_logp` takes the loss's own
+  # log-probs under stop_gradient, which is what scoring with the same parameters gives.
+  import jax
+  from flax import nnx
+
+  from jaxrl_post.models import CausalLM, get_model_config
+
+  model = CausalLM(get_model_config("tiny", vocab_size=24), rngs=nnx.Rngs(0))
+  loss_fn = objectives.make_policy_loss(policy_loss="grpo", beta=0.0)
+  graphdef, params = nnx.split(model)
+  batch = ppo.with_normalizers(_rollout_batch((3, 19, 7, 11), width=24))
+  scored = score_model(model, batch["prompt_tokens"], batch["prompt_mask"],
+                       batch["completion_tokens"], batch["completion_mask"])
+
+  def loss_and_grad(batch):
+    return jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), batch)[0])(params)
+
+  loss, grads = loss_and_grad(dict(batch, old_logp=scored.logp))
+  loss_d, grads_d = loss_and_grad(batch)
+  np.testing.assert_allclose(loss_d, loss, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(grads_d), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+  assert any(np.abs(g).max() > 1e-4 for g in jax.tree.leaves(grads))
+
+
 def test_rollout_metrics_accept_trainer_logp_of_trimmed_width():
   from jaxrl_post.sampling import rollout_metrics
   from jaxrl_post.sampling.rollout import Rollout
