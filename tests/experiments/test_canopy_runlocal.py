@@ -2,14 +2,12 @@
 resume with more steps (no second pilot); the sweep; the protocol checks at build time."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from runlocal_helpers import budget_records, run_binary, subprocess_env
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "canopy.py"
@@ -18,26 +16,14 @@ PILOT_KEYS = ("canopy/pilot_success", "canopy/pilot_coverage", "canopy/min_group
 
 
 def _run(env, workdir, *extra, ok=True):
-  command = [sys.executable, str(ROOT / "experiments" / "rtpo.py"),
-             f"--config={CONFIG}:runlocal,horizon=2", f"--workdir={workdir}", *extra]
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-  if ok:
-    assert result.returncode == 0, result.stderr[-3000:]
-  return result
-
-
-def _train(workdir):
-  return [r for r in read_metrics(workdir) if "budget/step_tokens" in r]
+  return run_binary("rtpo.py", f"{CONFIG}:runlocal,horizon=2", workdir, env, *extra, ok=ok)
 
 
 def test_canopy_runlocal_pilots_logs_and_resumes(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env = subprocess_env(tmp_path / "xla_cache")
   workdir = tmp_path / "run"
   result = _run(env, workdir)
-  train = _train(workdir)
+  train = budget_records(workdir)
   assert [r["step"] for r in train] == [1, 2]
   for r in train:
     assert all(key in r for key in CANOPY_KEYS), sorted(r)
@@ -55,7 +41,7 @@ def test_canopy_runlocal_pilots_logs_and_resumes(tmp_path):
     assert "config.group_size=4" in result.stderr
   assert "canopy K=2: held-out greedy success" in result.stdout
   _run(env, workdir, "--config.steps=3")
-  again = _train(workdir)
+  again = budget_records(workdir)
   assert [r["step"] for r in again] == [1, 2, 3]
   assert all(key in again[-1] for key in CANOPY_KEYS)
   assert not any(key in again[-1] for key in PILOT_KEYS)  # a resumed run does not re-pilot

@@ -1,15 +1,12 @@
 """experiments/rtpo.py's DRACO mode with configs/draco.py in runlocal mode: DRACO's metrics, and a
 run stopped after 2 steps and resumed to 4 logs the 4-step run's records; the sweep."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from runlocal_helpers import budget_records, run_binary, subprocess_env
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "draco.py"
@@ -19,20 +16,14 @@ DRACO_KEYS = ("draco/criteria", "draco/kept", "draco/reward_mean", "draco/lenien
 
 def _train(env, workdir, steps):
   # K = 2 hops + the answer (3 stage criteria); a lenient judge so that the flips are drawn.
-  command = [sys.executable, str(ROOT / "experiments" / "rtpo.py"),
-             f"--config={CONFIG}:runlocal,horizon=2,leniency=0.3", f"--workdir={workdir}",
-             f"--config.steps={steps}", "--config.eval_every=100", "--config.eval_sampled=False"]
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return [r for r in read_metrics(workdir) if "budget/step_tokens" in r]
+  run_binary("rtpo.py", f"{CONFIG}:runlocal,horizon=2,leniency=0.3", workdir, env,
+             f"--config.steps={steps}", "--config.eval_every=100", "--config.eval_sampled=False")
+  return budget_records(workdir)
 
 
 def test_draco_runlocal_logs_and_resumes_exactly(tmp_path):
   # The runs share a persistent compilation cache: the later ones compile (almost) nothing.
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env = subprocess_env(tmp_path / "xla_cache")
   straight = _train(env, tmp_path / "straight", 4)
   assert [r["step"] for r in straight] == [1, 2, 3, 4]
   for r in straight:

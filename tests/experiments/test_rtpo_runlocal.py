@@ -4,14 +4,12 @@ Each run is a subprocess of the real binary. They share a persistent XLA compila
 the programs the runs have in common (sampler, scoring) compile once for the whole module.
 """
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from runlocal_helpers import budget_records, run_binary, subprocess_env
 
 from jaxrl_post.config_args import load_module
 from jaxrl_post.envs import get_env, make_context
@@ -56,22 +54,11 @@ def test_configs_build_for_every_method_and_horizon(name):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-  cache = tmp_path_factory.mktemp("xla_cache")
-  return dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return subprocess_env(tmp_path_factory.mktemp("xla_cache"))
 
 
 def _run(env, config, workdir, *extra):
-  command = [sys.executable, str(ROOT / "experiments" / "rtpo.py"), f"--config={config}",
-             f"--workdir={workdir}", *extra]
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
-
-
-def _train(workdir):
-  return [r for r in read_metrics(workdir) if "budget/step_tokens" in r]
+  return run_binary("rtpo.py", config, workdir, env, *extra, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +77,7 @@ def rtpo_run(env, sft, tmp_path_factory):
 
 
 def test_sft_cold_start(sft):
-  train = _train(sft)
+  train = budget_records(sft)
   assert [r["step"] for r in train] == [1, 2, 3]
   assert all(r["budget/step_tokens"] == 0 and r["train/nll"] > 0 for r in train)
   assert train[-1]["train/nll"] < train[0]["train/nll"]
@@ -111,7 +98,7 @@ def test_sft_cold_start(sft):
 
 def test_rtpo_runlocal(rtpo_run):
   workdir, result = rtpo_run
-  train = _train(workdir)
+  train = budget_records(workdir)
   assert [r["step"] for r in train] == [1, 2]
   for r in train:
     # K = 2 (+1 answer, +1 spare): boundaries k = 3..0, each with 2 trunks × 2 siblings.
@@ -128,7 +115,7 @@ def test_rtpo_runlocal(rtpo_run):
 def test_flat_grpo_runlocal(env, sft, tmp_path):
   _run(env, f"{CONFIGS['calculator']}:method=flat_grpo,horizon=2,runlocal", tmp_path,
        f"--config.init_from={sft}")
-  train = _train(tmp_path)
+  train = budget_records(tmp_path)
   assert [r["step"] for r in train] == [1, 2]
   assert all(r["train/num_updates"] == 1 and "train/flat_rows_cut" in r for r in train)
 
@@ -137,7 +124,7 @@ def test_turn_grpo_stops_at_the_token_budget(env, sft, tmp_path):
   result = _run(env, f"{CONFIGS['kv']}:method=turn_grpo,horizon=2,runlocal", tmp_path,
                 f"--config.init_from={sft}", "--config.max_generated_tokens=1")
   assert "generated-token budget reached" in result.stdout
-  (train,) = _train(tmp_path)
+  (train,) = budget_records(tmp_path)
   assert train["step"] == 1 and train["train/num_updates"] == 1
   assert abs(train["train/consistency_ratio"] - 1.0) < 1e-3
   # The run ends with an evaluation and a checkpoint of the step that used up the budget.
@@ -145,7 +132,7 @@ def test_turn_grpo_stops_at_the_token_budget(env, sft, tmp_path):
   # Started again, it finds the budget spent and only reports (the grid script relies on it).
   again = _run(env, f"{CONFIGS['kv']}:method=turn_grpo,horizon=2,runlocal", tmp_path,
                f"--config.init_from={sft}", "--config.max_generated_tokens=1")
-  assert "held-out greedy success" in again.stdout and len(_train(tmp_path)) == 1
+  assert "held-out greedy success" in again.stdout and len(budget_records(tmp_path)) == 1
 
 
 def test_rtpo_resume_gives_the_same_metrics(env, sft, rtpo_run, tmp_path):
@@ -158,7 +145,7 @@ def test_rtpo_resume_gives_the_same_metrics(env, sft, rtpo_run, tmp_path):
   shutil.rmtree(workdir / "checkpoints" / "2")
   _run(env, f"{CONFIGS['kv']}:method=rtpo,horizon=2,runlocal", workdir,
        f"--config.init_from={sft}")
-  again, reference = _train(workdir), _train(full)
+  again, reference = budget_records(workdir), budget_records(full)
   assert [r["step"] for r in again] == [1, 2]
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [
     "1", "2"]
@@ -176,7 +163,7 @@ def test_kv_fork_off_policy_runlocal_with_the_paper_settings(env, sft, tmp_path)
   assert not config.skip_zero_advantage
   _run(env, f"{CONFIGS['kv_fork']}:method=rtpo,horizon=2,runlocal", tmp_path,
        f"--config.init_from={sft}", "--config.continuation=off_policy")
-  train = _train(tmp_path)
+  train = budget_records(tmp_path)
   assert [r["step"] for r in train] == [1, 2]
   for r in train:
     assert r["train/num_updates"] >= 1 and r["boundary/k0/boundaries"] == 4

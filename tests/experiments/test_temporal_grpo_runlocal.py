@@ -1,15 +1,12 @@
 """experiments/rtpo.py with configs/temporal_grpo.py in runlocal mode: stage metrics, a resume
 with more steps; the sweep (Trajectory-GRPO, Stage-Reward GRPO, Temporal GRPO × 3 seeds)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from runlocal_helpers import budget_records, run_binary, subprocess_env
 
 from jaxrl_post.config_args import load_module
-from jaxrl_post.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "temporal_grpo.py"
@@ -19,26 +16,15 @@ STAGE_KEYS = ("stage/success_1", "stage/success_2", "stage/success_3", "stage/pa
 
 
 def _run(env, workdir, *extra):
-  command = [sys.executable, str(ROOT / "experiments" / "rtpo.py"),
-             f"--config={CONFIG}:runlocal,horizon=2", f"--workdir={workdir}", *extra]
-  result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
-
-
-def _train(workdir):
-  return [r for r in read_metrics(workdir) if "budget/step_tokens" in r]
+  return run_binary("rtpo.py", f"{CONFIG}:runlocal,horizon=2", workdir, env, *extra)
 
 
 def test_temporal_grpo_runlocal_logs_stage_metrics_and_resumes(tmp_path):
   # Both runs share a persistent compilation cache: the second compiles (almost) nothing.
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env = subprocess_env(tmp_path / "xla_cache")
   workdir = tmp_path / "run"
   result = _run(env, workdir)
-  train = _train(workdir)
+  train = budget_records(workdir)
   assert [r["step"] for r in train] == [1, 2]
   for r in train:
     assert all(key in r for key in STAGE_KEYS), sorted(r)
@@ -51,7 +37,7 @@ def test_temporal_grpo_runlocal_logs_stage_metrics_and_resumes(tmp_path):
   assert "temporal_grpo K=2: held-out greedy success" in result.stdout
   # Asked for one more step, the same command resumes from checkpoint 2 and adds step 3.
   _run(env, workdir, "--config.steps=3")
-  again = _train(workdir)
+  again = budget_records(workdir)
   assert [r["step"] for r in again] == [1, 2, 3]
   assert all(key in again[-1] for key in STAGE_KEYS)
   for key in ("stage/participation", "budget/generated_tokens", "rollout/success"):
