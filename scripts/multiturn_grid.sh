@@ -16,8 +16,9 @@
 # e.g. "horizon=6"), EXTRA (flags for every RL run), JOBS (seed lanes at once, default 1: each
 # lane runs every arm of one seed in turn, so JOBS=3 runs the three seeds side by side),
 # BASELINE (an arm's label), METRICS (comma-separated training metrics the table averages over
-# steps). A finished stage leaves <run>/DONE and is skipped on a rerun; DRY_RUN=1 prints the
-# commands.
+# steps), PLOT_X (the plot's x axis: step, the default, or tokens, for arms that spend different
+# rollouts per step). A finished stage leaves <run>/DONE and is skipped on a rerun; DRY_RUN=1
+# prints the commands.
 set -euo pipefail
 R=${1:?usage: scripts/multiturn_grid.sh <root dir>}
 CONFIG=${CONFIG:?set CONFIG, e.g. configs/temporal_grpo.py}
@@ -52,4 +53,5 @@ seed_lane() {
 lanes seed_lane $SEEDS
 
 ((DRY_RUN)) || python scripts/multiturn_table.py --root="$R" --baseline="$BASELINE" \
-  --metrics="${METRICS:-}" --out="$R/table.md" --plot="$R/sampled_success.png"
+  --metrics="${METRICS:-}" --out="$R/table.md" --plot="$R/sampled_success.png" \
+  --plot_x="${PLOT_X:-step}"

@@ -14,7 +14,9 @@ per-episode `eval_outcomes/` with `greedy_success` and `sampled_success`, `DONE`
   * every arm against `--baseline`, seed by seed, on the same held-out episodes: the paired
     difference in sampled and in greedy success at the last evaluation.
 
-The plot: sampled success over steps, mean over seeds, one line per arm.
+The plot: sampled success, mean over seeds, one line per arm, over RL steps or (`--plot_x=tokens`)
+over generated tokens, the axis on which arms that spend different rollouts per step (group
+sizes, say) are compared at an equal budget.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ _METRICS = flags.DEFINE_list("metrics", [], "training metrics to average over st
 _OUT = flags.DEFINE_string("out", None, "markdown table file (printed either way)",
                            flag_values=FLAGS)
 _PLOT = flags.DEFINE_string("plot", None, "PNG of sampled success over steps", flag_values=FLAGS)
+_PLOT_X = flags.DEFINE_enum("plot_x", "step", ["step", "tokens"],
+                            "the plot's x axis: RL steps or generated tokens", flag_values=FLAGS)
 
 SAMPLED, GREEDY = "sampled_success", "greedy_success"
 
@@ -98,12 +102,27 @@ def table(rows: dict, baseline: str, metrics=()) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(rows: dict, path: Path) -> None:
+def sampled_curve(seeds: dict, x: str = "step") -> tuple[list[float], list[float]]:
+  """Held-out sampled success at each evaluated step, mean over seeds, against the step or
+  (`x="tokens"`) the seeds' mean generated tokens by then (`budget/generated_tokens`, the last
+  value logged at or before the step; 0 before the first)."""
+  steps, ys = curve(seeds, "eval/sampled_success")
+  if x == "step":
+    return [float(s) for s in steps], ys
+  spent = []
+  for step in steps:
+    per_seed = [max([v for s, v in values(run["records"], "budget/generated_tokens")
+                     if s <= step] or [0.0]) for run in seeds.values()]
+    spent.append(float(np.mean(per_seed)))
+  return spent, ys
+
+
+def plot(rows: dict, path: Path, x: str = "step") -> None:
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for arm, seeds in rows.items():
-    steps, ys = curve(seeds, "eval/sampled_success")
-    ax.plot(steps, ys, marker="o", label=arm)
-  ax.set_xlabel("RL step")
+    xs, ys = sampled_curve(seeds, x)
+    ax.plot(xs, ys, marker="o", label=arm)
+  ax.set_xlabel("RL step" if x == "step" else "generated tokens (mean over seeds)")
   ax.set_ylabel("held-out sampled success (mean over seeds)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
@@ -123,7 +142,7 @@ def main(argv: list[str]) -> None:
   if _OUT.value:
     Path(_OUT.value).write_text(text)
   if _PLOT.value:
-    plot(rows, Path(_PLOT.value))
+    plot(rows, Path(_PLOT.value), _PLOT_X.value)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ def _run(root, arm, seed, sampled, greedy, steps=2, minutes=3.0, extra=()):
   write_eval_outcomes(run, steps, greedy_success=greedy, sampled_success=sampled)
 
 
+def test_sampled_curve_over_steps_or_generated_tokens(tmp_path):
+  # Seeds of 2 and 3 steps, 100 tokens a step: the shared last evaluation (step 2 for one,
+  # step 3 for the other) sits at the mean of their spent tokens at each step.
+  _run(tmp_path, "a", 0, [1, 1, 1, 1], START, steps=2)
+  _run(tmp_path, "a", 1, [1, 1, 0, 0], START, steps=3)
+  seeds = grid_report.collect_runs(tmp_path)["a"]
+  assert SCRIPT.sampled_curve(seeds) == ([0.0, 2.0, 3.0], [0.5, 1.0, 0.5])
+  assert SCRIPT.sampled_curve(seeds, "tokens") == ([0.0, 200.0, 250.0], [0.5, 1.0, 0.5])
+
+
 def test_table_pairs_arms_with_the_baseline(tmp_path):
   # Baseline: seed 0 solves one more episode (+25), seed 1 nothing more.
   _run(tmp_path, "turn_grpo", 0, [1, 0, 1, 1], [1, 0, 1, 1])
