@@ -14,9 +14,9 @@ per-episode `eval_outcomes/` with `greedy_success` and `sampled_success`, `DONE`
   * every arm against `--baseline`, seed by seed, on the same held-out episodes: the paired
     difference in sampled and in greedy success at the last evaluation.
 
-The plot: sampled success, mean over seeds, one line per arm, over RL steps or (`--plot_x=tokens`)
-over generated tokens, the axis on which arms that spend different rollouts per step (group
-sizes, say) are compared at an equal budget.
+The plot: sampled success, mean over seeds (`sampled_curve`), one line per arm, over RL steps or
+(`--plot_x=tokens`) over generated tokens, the axis on which arms that spend different rollouts
+per step (group sizes, say) are compared at an equal budget.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from absl import flags  # noqa: E402
 
 from jaxrl_post import script_flags  # noqa: E402
 from jaxrl_post.training import grid_report  # noqa: E402
-from jaxrl_post.training.grid_report import curve, fmt, values  # noqa: E402
+from jaxrl_post.training.grid_report import fmt, values  # noqa: E402
 
 FLAGS = flags.FlagValues()  # This script's own (see `script_flags`): tests import it.
 _ROOT = flags.DEFINE_string("root", None, "the grid's root directory", flag_values=FLAGS,
@@ -103,18 +103,25 @@ def table(rows: dict, baseline: str, metrics=()) -> str:
 
 
 def sampled_curve(seeds: dict, x: str = "step") -> tuple[list[float], list[float]]:
-  """Held-out sampled success at each evaluated step, mean over seeds, against the step or
-  (`x="tokens"`) the seeds' mean generated tokens by then (`budget/generated_tokens`, the last
-  value logged at or before the step; 0 before the first)."""
-  steps, ys = curve(seeds, "eval/sampled_success")
-  if x == "step":
-    return [float(s) for s in steps], ys
-  spent = []
-  for step in steps:
-    per_seed = [max([v for s, v in values(run["records"], "budget/generated_tokens")
-                     if s <= step] or [0.0]) for run in seeds.values()]
-    spent.append(float(np.mean(per_seed)))
-  return spent, ys
+  """Held-out sampled success, mean over seeds, at the steps every seed evaluated and at the
+  seeds' last evaluations (a budget stops seeds at different steps; averaging a step only some
+  seeds logged would jump between seeds). x: the step, or (`x="tokens"`) the generated tokens
+  by then (`budget/generated_tokens`, the last value logged at or before the step; 0 before
+  the first), each a mean over the seeds."""
+  evals = [dict(values(run["records"], "eval/sampled_success")) for run in seeds.values()]
+  spent = [values(run["records"], "budget/generated_tokens") for run in seeds.values()]
+
+  def at(i: int, step: int) -> float:
+    return float(step) if x == "step" else max([v for s, v in spent[i] if s <= step] or [0.0])
+
+  common = sorted(set.intersection(*(set(e) for e in evals)))
+  lasts = [max(e) for e in evals]
+  common = [s for s in common if s < min(lasts)]
+  xs = [float(np.mean([at(i, s) for i in range(len(evals))])) for s in common]
+  ys = [float(np.mean([e[s] for e in evals])) for s in common]
+  xs.append(float(np.mean([at(i, s) for i, s in enumerate(lasts)])))
+  ys.append(float(np.mean([e[s] for e, s in zip(evals, lasts)])))
+  return xs, ys
 
 
 def plot(rows: dict, path: Path, x: str = "step") -> None:

@@ -36,13 +36,13 @@ def _run(root, arm, seed, sampled, greedy, steps=2, minutes=3.0, extra=()):
 
 
 def test_sampled_curve_over_steps_or_generated_tokens(tmp_path):
-  # Seeds of 2 and 3 steps, 100 tokens a step: the shared last evaluation (step 2 for one,
-  # step 3 for the other) sits at the mean of their spent tokens at each step.
+  # Seeds stopped after 2 and 3 steps, 100 tokens a step: step 0 (both evaluated) and the
+  # seeds' last evaluations (1.0 at step 2, 0.5 at step 3) at the mean of their steps / tokens.
   _run(tmp_path, "a", 0, [1, 1, 1, 1], START, steps=2)
   _run(tmp_path, "a", 1, [1, 1, 0, 0], START, steps=3)
   seeds = grid_report.collect_runs(tmp_path)["a"]
-  assert SCRIPT.sampled_curve(seeds) == ([0.0, 2.0, 3.0], [0.5, 1.0, 0.5])
-  assert SCRIPT.sampled_curve(seeds, "tokens") == ([0.0, 200.0, 250.0], [0.5, 1.0, 0.5])
+  assert SCRIPT.sampled_curve(seeds) == ([0.0, 2.5], [0.5, 0.75])
+  assert SCRIPT.sampled_curve(seeds, "tokens") == ([0.0, 250.0], [0.5, 0.75])
 
 
 def test_table_pairs_arms_with_the_baseline(tmp_path):
