@@ -31,6 +31,23 @@ def _config(init, *, rollout=None, **overrides):
   return config
 
 
+def _train_both(tmp_path, init, first: dict, second: dict):
+  """Trains two configs from `init` and returns their training records, after checking that
+  the first run had a real signal and that both sampled the same completions (rewards and
+  lengths step by step): what remains to compare is the update."""
+  records = []
+  for name, overrides in (("first", first), ("second", second)):
+    config = _config(init, **overrides)
+    loop.train(config, tmp_path / name, GRPO(config))
+    records.append(train_records(tmp_path / name))
+  want, got = records
+  assert max(r["train/grad_norm"] for r in want) > 1e-3
+  for a, b in zip(want, got, strict=True):
+    assert a["train/reward_format"] == b["train/reward_format"]
+    assert a["rollout/completion_length_mean"] == b["rollout/completion_length_mean"]
+  return want, got
+
+
 def test_async_with_nothing_in_flight_equals_sync_and_one_step_off_is_one_version_old(
     tmp_path, format_writer_policy):
   # The synchronous run also checks that the sampler's log-probs equal the trainer's bitwise:
@@ -103,16 +120,9 @@ def test_continuous_batching_gives_the_static_batch_s_step(tmp_path, format_writ
   # config.rollout.num_slots: the rows decode through 4 slots (32 rows queue for them), each
   # with its own key, so the step sees the static batch's completions (log-probs within float
   # rounding) and trains the same.
-  static = _config(format_writer_policy, steps=2)
-  loop.train(static, tmp_path / "static", GRPO(static))
-  slots = _config(format_writer_policy, steps=2,
-                  rollout=dict(num_slots=4, admit_size=2, mode="sync"))
-  loop.train(slots, tmp_path / "slots", GRPO(slots))
-  want, got = train_records(tmp_path / "static"), train_records(tmp_path / "slots")
-  assert max(r["train/grad_norm"] for r in want) > 1e-3
+  want, got = _train_both(tmp_path, format_writer_policy, dict(steps=2),
+                          dict(steps=2, rollout=dict(num_slots=4, admit_size=2, mode="sync")))
   for a, b in zip(want, got, strict=True):
-    assert a["train/reward_format"] == b["train/reward_format"]
-    assert a["rollout/completion_length_mean"] == b["rollout/completion_length_mean"]
     assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4, abs=1e-6)
   with pytest.raises(ValueError, match=r"config.rollout.num_slots=-1 must be >= 0"):
     GRPO(_config(format_writer_policy, rollout=dict(num_slots=-1)))
@@ -123,16 +133,9 @@ def test_detached_old_logp_trains_like_the_scored_old_policy(tmp_path, format_wr
   # under stop_gradient as the old policy instead of a scoring pass with the same parameters.
   # The ratio is then exactly 1 rather than 1 up to the two forwards' rounding, so the steps
   # agree to float rounding, not bitwise.
-  scored = _config(format_writer_policy, ppo_mini_batches=1)
-  loop.train(scored, tmp_path / "scored", GRPO(scored))
-  detached = _config(format_writer_policy, ppo_mini_batches=1,
-                     rollout=dict(old_logp="detached"))
-  loop.train(detached, tmp_path / "detached", GRPO(detached))
-  want, got = train_records(tmp_path / "scored"), train_records(tmp_path / "detached")
-  assert max(r["train/grad_norm"] for r in want) > 1e-3
+  want, got = _train_both(tmp_path, format_writer_policy, dict(ppo_mini_batches=1),
+                          dict(ppo_mini_batches=1, rollout=dict(old_logp="detached")))
   for a, b in zip(want, got, strict=True):
-    assert a["train/reward_format"] == b["train/reward_format"]
-    assert a["rollout/completion_length_mean"] == b["rollout/completion_length_mean"]
     for key in ("train/loss", "train/grad_norm"):
       assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert "rollout/logp_abs_diff_max" in a and "rollout/logp_abs_diff_max" not in b
