@@ -43,7 +43,8 @@ _METRICS = flags.DEFINE_list("metrics", [], "training metrics to average over st
                              flag_values=FLAGS)
 _OUT = flags.DEFINE_string("out", None, "markdown table file (printed either way)",
                            flag_values=FLAGS)
-_PLOT = flags.DEFINE_string("plot", None, "PNG of sampled success over steps", flag_values=FLAGS)
+_PLOT = flags.DEFINE_string("plot", None, "PNG of sampled success (x axis: --plot_x)",
+                            flag_values=FLAGS)
 _PLOT_X = flags.DEFINE_enum("plot_x", "step", ["step", "tokens"],
                             "the plot's x axis: RL steps or generated tokens", flag_values=FLAGS)
 
