@@ -31,14 +31,28 @@ def median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
   return float(np.median(times))
 
 
-def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 3) -> dict:
-  """FLOP/s of a jitted `[n, n] @ [n, n]` on the default device: the reference for MFU."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype))
-  matmul = jax.jit(lambda a: a @ a)
-  seconds = median_seconds(lambda: matmul(a).block_until_ready(), repeats)
+def matmul_peak(n: int = 2048, dtype: str = "float32", repeats: int = 3,
+                mesh: jax.sharding.Mesh | None = None) -> dict:
+  """FLOP/s of a jitted `[n, n] @ [n, n]`: the reference for MFU.
+
+  On the default device; with `mesh`, every device of the mesh multiplies its own
+  `[n, n]` block at once (`[devices · n, n] @ [n, n]`, rows split over all the mesh's
+  axes), so the reference covers the devices a benchmark spreads its batch over
+  (e.g. one single-threaded CPU device per core, `parallel.host.use_one_cpu_device_per_core`).
+  """
+  devices = 1 if mesh is None else mesh.size
+  a = jax.random.normal(jax.random.key(0), (devices * n, n), jnp.dtype(dtype))
+  b = a[:n]
+  if mesh is not None:
+    rows = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+    a = jax.device_put(a, jax.sharding.NamedSharding(mesh, rows))
+    b = jax.device_put(b, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  matmul = jax.jit(lambda a, b: a @ b)
+  seconds = median_seconds(lambda: matmul(a, b).block_until_ready(), repeats)
+  flops = 2 * devices * n**3
   return {"what": "matmul_peak", "n": n, "dtype": dtype, "seconds": seconds,
-          "flops_per_s": 2 * n**3 / seconds, "tflops": 2 * n**3 / seconds / 1e12,
-          "backend": jax.default_backend(), "devices": len(jax.devices())}
+          "flops_per_s": flops / seconds, "tflops": flops / seconds / 1e12,
+          "backend": jax.default_backend(), "devices": devices}
 
 
 def compile_sizes(config) -> dict:

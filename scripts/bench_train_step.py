@@ -9,6 +9,8 @@ r"""One GRPO step, timed by phase, with update throughput against a matmul peak 
       # the issue-22 case, with TRL's GRPOTrainer beside it (`--skip_trl`: ours only)
   python scripts/bench_train_step.py ... --config.rollout.old_logp=detached
       # the same, without the old-policy scoring pass (as TRL with one update per generation)
+  python scripts/bench_train_step.py ... --cpu_devices=-1
+      # the same with one single-threaded CPU device per core, rows split over them
 
 The step is the one `experiments/grpo.py` runs (random-init policy, so
 completions mostly run to `max_new_tokens`: the slow case): generate → reward
@@ -22,6 +24,14 @@ update. Prints JSON lines:
 Times are medians over `--steps` steps after one warm-up (compile) step.
 Update FLOPs: 3 × forward FLOPs (forward + backward) of every padded token the
 update processes, `ModelConfig.flops_per_token(seq_len)` per token.
+
+Devices: by default XLA's own CPU layout, one device whose thread pool spans the
+cores. `--cpu_devices=N` (-1: one per core) splits the host into N single-threaded
+devices (`parallel.host.use_one_cpu_device_per_core`, the layout `bench_sampler.py`
+uses by default) and runs the step as the binaries run it on a mesh of those
+devices (`config.mesh` with `ici_data = N`: the policy born sharded, the sampler
+and the train step on that mesh, each device with its own rows); the matmul
+reference then runs on every device at once.
 
 The reference engine (unless `--skip_trl`; needs `pip install trl`, which
 brings `transformers`, `torch`, `datasets`): TRL's `GRPOTrainer` on the same
@@ -67,6 +77,9 @@ from ml_collections import config_flags
 
 from jaxrl_post import advantages as advantages_lib
 from jaxrl_post.benchmarking import matmul_peak
+from jaxrl_post.parallel import host
+from jaxrl_post.parallel.axes import DEFAULT_RULES
+from jaxrl_post.parallel.mesh import make_placement, put_batch
 from jaxrl_post.rewards.verifiers import rewards_for
 from jaxrl_post.sampling import Sampler
 from jaxrl_post.training import setup as run_setup
@@ -80,6 +93,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo_arith.py", "GR
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed RL steps (after one warm-up step).")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 1024, "Matrix size of the peak reference.")
 _SKIP_TRL = flags.DEFINE_bool("skip_trl", False, "Only time jaxrl_post (no TRL GRPOTrainer).")
+_CPU_DEVICES = flags.DEFINE_integer(
+  "cpu_devices", 0, "CPU only: split the host into this many single-threaded devices and run the "
+  "step on a data mesh over them (-1: one per core; 0: XLA's default, one device with a thread "
+  "pool).")
 
 _PHASES = ("time/generate", "time/reward", "time/score", "time/reference", "time/update")
 
@@ -207,23 +224,37 @@ def _median(rows):
 def main(argv):
   del argv
   config = _CONFIG.value
-  reference = matmul_peak(_MATMUL_N.value)
+  mesh, rules, sample_rules = None, DEFAULT_RULES, DEFAULT_RULES
+  if _CPU_DEVICES.value:
+    devices = host.use_one_cpu_device_per_core(
+      None if _CPU_DEVICES.value < 0 else _CPU_DEVICES.value)
+    # The mesh the binaries would build for `config.mesh.ici_data = devices` (the trainer's;
+    # the sampler shares it, as in a colocated run).
+    with config.unlocked():
+      for axis in config.mesh.mesh_axes:
+        config.mesh[f"ici_{axis}"] = devices if axis == "data" else 1
+      config.mesh.sampler_devices = 0
+    placement = make_placement(config.mesh)
+    mesh, rules, sample_rules = (placement.train_mesh, placement.train_rules,
+                                 placement.sample_rules)
+  reference = matmul_peak(_MATMUL_N.value, mesh=mesh)
   print(json.dumps(reference), flush=True)
 
   task = run_setup.build_task(config)
   tokenizer = run_setup.build_tokenizer(config)
-  model = run_setup.build_model(config, tokenizer, StartPoint("scratch"))
+  model = run_setup.build_model(config, tokenizer, StartPoint("scratch"), mesh, rules)
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
   loss_fn = make_policy_loss(policy_loss=config.loss.name, temperature=config.temperature,
                                 **loss_kwargs)
   optimizer = run_setup.build_optimizer(config, 1000)
-  state = create_train_state(model, optimizer, jax.random.key(config.seed))
+  state = create_train_state(model, optimizer, jax.random.key(config.seed), mesh=mesh, rules=rules)
   # As in experiments/grpo.py: no reference model without a KL term.
   reference_params = jax.tree.map(jnp.copy, state.params) if config.loss.beta > 0 else None
   step_fn = make_train_step(nnx.split(model)[0], loss_fn, optimizer,
                             num_micro_batches=config.num_micro_batches,
-                            shared=("num_tokens", "num_sequences"))
-  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len)
+                            mesh=mesh, rules=rules, shared=("num_tokens", "num_sequences"))
+  sampler = Sampler(model, tokenizer, max_prompt_len=config.prompt_len, mesh=mesh,
+                    rules=sample_rules)
   advantage_fn = advantages_lib.ADVANTAGES.get(config.advantage)
   g = config.group_size
   # `config.rollout.old_logp` (checked as the binaries check it): "trainer" scores the old
@@ -244,10 +275,12 @@ def main(argv):
     correct, fmt, _ = rewards_for(task, records, sampler.decode_text(rollout), g)
     adv = advantage_fn(jnp.asarray(np.stack([correct, fmt], 1)), rollout.group_ids,
                        num_groups=len(records), eps=config.advantage_eps)
-    timings["time/reward"] = time.perf_counter() - tic
     batch = dict(prompt_tokens=rollout.prompt_tokens, prompt_mask=rollout.prompt_mask,
                  completion_tokens=rollout.completion_tokens,
                  completion_mask=rollout.completion_mask, adv=adv)
+    if mesh is not None:  # as the GRPO method puts its batch on the trainer's mesh
+      batch = jax.block_until_ready(put_batch(batch, mesh, rules))
+    timings["time/reward"] = time.perf_counter() - tic
     inputs = {k: v for k, v in batch.items() if k != "adv"}
     timings["time/score"] = 0.0
     if old_logp_source == "trainer":
@@ -289,7 +322,8 @@ def main(argv):
   common = {"model": config.model, "params_m": round(model.config.num_params() / 1e6, 2),
             "rollouts": config.prompts_per_step * g, "max_new_tokens": config.max_new_tokens,
             "ppo_epochs": config.ppo_epochs, "ppo_mini_batches": config.ppo_mini_batches,
-            "num_micro_batches": config.num_micro_batches, "old_logp": old_logp_source}
+            "num_micro_batches": config.num_micro_batches, "old_logp": old_logp_source,
+            "devices": jax.device_count()}
   print(json.dumps({
     "what": "grpo_step", "engine": "jaxrl_post", **common, **{k: median[k] for k in _PHASES},
     "time/step": total, **{f"share/{k[5:]}": median[k] / total for k in _PHASES},

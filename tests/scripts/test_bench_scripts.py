@@ -31,6 +31,15 @@ def test_bench_train_step_reports_the_phase_split_and_mfu():
   assert step["update_tokens_per_s"] > 0 and 0 < step["update_mfu"]
 
 
+def test_bench_train_step_runs_on_one_device_per_core():
+  peak, step = _json_lines("bench_train_step.py", "--config=configs/grpo_arith.py:runlocal",
+                           "--steps=1", "--matmul_n=128", "--skip_trl", "--cpu_devices=2",
+                           "--config.ppo_mini_batches=1", "--config.rollout.old_logp=detached")
+  # The reference matmul runs on both devices; the step's rows are split over them.
+  assert peak["devices"] == 2 and step["devices"] == 2 and step["old_logp"] == "detached"
+  assert step["time/generate"] > 0 and step["time/update"] > 0 and step["time/score"] == 0
+
+
 def test_bench_train_step_times_trl_beside_ours():
   pytest.importorskip("trl")
   rows = _json_lines("bench_train_step.py", "--config=configs/grpo_arith.py:runlocal",
