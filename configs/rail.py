@@ -16,7 +16,10 @@ Variants (after the colon): `mode=rail|heuristic|none`, `bandit=linucb|lints`,
 heuristic's arm holds the switch's streak, or resets it as the first runs did),
 `switch=streak|share|live` (W wins in a row; a share ≥ `min_share` of the last W decisions; the
 bandit acts from the start), `alpha=<LinUCB α>`, `runlocal`
-(tiny model, 4 steps, for tests), `steps=<n>`, `model=<preset>`. `sweep` declares rail /
+(tiny model, 4 steps, for tests), `steps=<n>`, `model=<preset>`, `task=arith|quickstart`
+(`quickstart`: the README quickstart's task and GRPO recipe, where its SFT student improves
+within 40 steps — 1-2 digit operands, 32 prompts a step in 4 PPO mini-batches, constant AdamW
+2e-5 — with `max_groups` scaled to 8 of the 32 groups). `sweep` declares rail /
 heuristic / none × seeds 0 1 2; compare `eval/accuracy` against `rail/extra_tokens` (the
 cost) and `rail/mixed_after` (groups with a GRPO signal).
 
@@ -40,6 +43,7 @@ from jaxrl_post.training import base_configs
 COMMON = load_module(Path(__file__).resolve().with_name("rl_family_common.py"))
 
 BINARY = "experiments/grpo.py"
+TASKS = ("arith", "quickstart")
 
 
 def intervention_config(arg) -> ml_collections.ConfigDict:
@@ -54,16 +58,25 @@ def intervention_config(arg) -> ml_collections.ConfigDict:
 def get_config(arg=None):
   arg = parse_arg(arg, runlocal=False, mode="rail", bandit="linucb", gain="coverage",
                   on_agreement=ON_AGREEMENT, switch="streak", alpha=1.0, model="small",
-                  steps=30)
+                  steps=30, task="arith")
   if arg.mode not in (*MODES, "none"):
     raise ValueError(f"mode={arg.mode!r}; valid: {', '.join(MODES)}, none")
   if arg.switch not in SWITCHES:
     raise ValueError(f"switch={arg.switch!r}; valid: {', '.join(SWITCHES)}")
+  if arg.task not in TASKS:
+    raise ValueError(f"task={arg.task!r}; valid: {', '.join(TASKS)}")
   config = base_configs.grpo_base("grpo")
   COMMON.set_task(config, "arith", arg.runlocal)
   config.model, config.steps = arg.model, arg.steps
   config.num_train_examples = 1024
   config.intervention = intervention_config(arg)
+  if arg.task == "quickstart":
+    # experiments/quickstart.py's GRPO stage (its SFT student gains ≈ 11 points in 40 steps).
+    config.task_knobs.max_digits = 2
+    config.num_train_examples = 200_000
+    config.prompts_per_step, config.ppo_mini_batches, config.num_micro_batches = 32, 4, 1
+    config.optimizer.lr, config.optimizer.decay_steps = 2e-5, 10**9
+    config.intervention.max_groups = 8  # the PROPOSAL's 4 of 16 groups, at 32
   if arg.runlocal:
     base_configs.shrink_grpo_for_runlocal(config)
     config.num_train_examples = 16

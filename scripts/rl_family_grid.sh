@@ -46,7 +46,8 @@
 # subset of the rows above), JOBS (seeds at once, default 1), STUDENT (an SFT run directory; by
 # default $R/sft, trained here with configs/opd_mix.py:sft, ≈ 32 min), RETAIN_STEPS (default 12),
 # RETAIN_LR (the retention rows' learning rate; default the configs' 5e-5), SIDE_STEPS
-# (default 16). A finished stage leaves
+# (default 16), RAIL_TASK (the rail rows' task, configs/rail.py:task=; default arith,
+# `quickstart` for the README quickstart's task and GRPO recipe). A finished stage leaves
 # <run>/DONE and is skipped on a rerun; an interrupted one resumes. DRY_RUN=1 prints the commands.
 set -euo pipefail
 R=${1:?usage: scripts/rl_family_grid.sh <root dir>}
@@ -59,6 +60,7 @@ JOBS=${JOBS:-1}
 RETAIN_STEPS=${RETAIN_STEPS:-12}
 SIDE_STEPS=${SIDE_STEPS:-16}
 RETAIN_LR=${RETAIN_LR:-}  # the retention rows' learning rate (default: the configs' 5e-5)
+RAIL_TASK=${RAIL_TASK:-arith}
 ROWS=${ROWS:-"grpo trajval headroom_drift naive_replay matched retain_grpo retain_gcpo \
 retain_cokl retain_rkl retain_rapo wmrl_env wmrl_raw wmrl care care_static rail rail_heuristic \
 rail_none cd_rft_g0 cd_rft cd_rft_g0.1"}
@@ -132,7 +134,7 @@ row() {  # row <name> <seed>
         rail_share) variant=mode=rail,switch=share,alpha=0.1 ;;
         *) variant=mode=${name#rail_} ;;
       esac
-      stage "$dir" python experiments/grpo.py --config="configs/rail.py:$variant" \
+      stage "$dir" python experiments/grpo.py --config="configs/rail.py:$variant,task=$RAIL_TASK" \
         --workdir="$dir" $(common "$seed") ;;
     cd_rft_d*)
       stage "$dir" python experiments/grpo.py \

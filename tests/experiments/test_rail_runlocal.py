@@ -98,6 +98,13 @@ def test_config_variants_and_sweep_build():
   assert share.switch_rule == "share" and share.knobs.alpha == 0.1
   assert share.switch.recent.shape == (50,) and not bool(share.switch.live)
   assert bool(interventions.build_interventions(_config("switch=live")).switch.live)
+  # task=quickstart: the quickstart's task and recipe; 8 of 32 groups × m = 8 extra rows, which
+  # with the 256 fresh ones split into its 4 PPO mini-batches.
+  quick = _config("task=quickstart,mode=heuristic")
+  assert quick.task_knobs.max_digits == 2 and quick.optimizer.lr == 2e-5
+  assert interventions.build_interventions(quick).extra_rows == 64
+  with pytest.raises(ValueError, match="task='bogus'"):
+    CONFIG.get_config("task=bogus")
   with pytest.raises(ValueError, match="switch='bogus'"):
     CONFIG.get_config("switch=bogus")
   assert "rail/extra_tokens" in CONFIG.metrics()
