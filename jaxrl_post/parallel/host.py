@@ -61,6 +61,41 @@ def use_one_cpu_device_per_core(num_devices: int | None = None) -> int:
   return num_devices
 
 
+def configure_cpu_devices(num_devices: int, *, key: str = "config.mesh.cpu_devices") -> int:
+  """Applies a config's CPU layout before JAX starts: `use_one_cpu_device_per_core`.
+
+  `num_devices`: 0 keeps XLA's default (one device whose thread pool spans the
+  cores), -1 makes one single-threaded device per core, n > 0 makes n. When the
+  CPU backend already exists (a second run in one process) it must already have
+  that layout, or the config key is named in the error.
+
+  Returns:
+    The number of CPU devices (0 for XLA's default layout).
+
+  Raises:
+    ValueError: `num_devices < -1`, or a backend that already started with another layout.
+  """
+  if num_devices < -1:
+    raise ValueError(f"{key}={num_devices}: use 0 (XLA's default), -1 (one device per core) "
+                     "or a device count")
+  if num_devices == 0:
+    return 0
+  wanted = (num_devices if num_devices > 0 else
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+            os.cpu_count() or 1)
+  if not xla_bridge.backends_are_initialized():
+    return use_one_cpu_device_per_core(wanted)
+  have = jax.local_device_count("cpu")
+  single = _SINGLE_THREAD_FLAG in os.environ.get("XLA_FLAGS", "")
+  if have != wanted or not single:
+    raise ValueError(
+      f"{key}={num_devices} asks for {wanted} single-threaded CPU device(s), but JAX's CPU "
+      f"backend already started with {have} device(s)"
+      f"{'' if single else ' and its thread pool'}: set it before the process's first JAX "
+      f"computation, or use {key}=0")
+  return wanted
+
+
 def data_mesh(devices=None) -> Mesh:
   """A `("data", "fsdp", "tensor")` mesh with every device on `data` (pure data parallelism).
 

@@ -15,7 +15,8 @@ its own must survive a restart.
 
 Order at start-up, and why:
 
-  1. `jax.distributed`, then the meshes (`config.mesh`): a mesh that does not fit the devices
+  1. The CPU layout (`config.mesh.cpu_devices`, before JAX's CPU backend starts),
+     `jax.distributed`, then the meshes (`config.mesh`): a mesh that does not fit the devices
      fails before anything is built, naming the `config.mesh.*` key.
   2. `method.build_model(run)`: validates the method's config and builds the policy on the
      trainer's mesh. With `config.lora.rank` > 0 (methods with `supports_lora = True`), low-rank
@@ -59,7 +60,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from jaxrl_post.models.lora import LoraParam, add_lora, check_lora_options
-from jaxrl_post.parallel import multihost
+from jaxrl_post.parallel import host, multihost
 from jaxrl_post.parallel.mesh import Placement, make_placement, maybe_initialize_distributed
 from jaxrl_post.training import setup as run_setup
 from jaxrl_post.training.checkpoint import Checkpointer, StartPoint, as_path
@@ -256,6 +257,8 @@ def train(config, workdir: str | os.PathLike, method: Method) -> TrainState:
   metric_writer_names(config.get("metric_writers", "jsonl,tensorboard"))
   parse_profile_steps(config.get("profile_steps", ""))
   # ---- Processes and devices ----
+  # The CPU layout first: it can only be chosen before JAX's CPU backend starts.
+  host.configure_cpu_devices(int(config.mesh.get("cpu_devices", 0)))
   maybe_initialize_distributed()  # before anything else asks JAX about processes or devices
   profiler = StepProfiler.from_config(config, workdir)
   placement = make_placement(config.mesh)

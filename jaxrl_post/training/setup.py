@@ -372,8 +372,10 @@ def start_point(config, workdir: str | os.PathLike, *,
 
 # The keys that make a run what it is, saved with every checkpoint: resuming a workdir's
 # checkpoint under other values would continue another trajectory under this run's name (e.g.
-# a grid rerun into a workdir that a stale process of an earlier grid had written).
-RUN_IDENTITY_KEYS = ("init_from", "model", "seed")
+# a grid rerun into a workdir that a stale process of an earlier grid had written, or an SFT
+# stage of another config whose workdir held this one's student: it resumed the student on
+# another task's data and wrote over it).
+RUN_IDENTITY_KEYS = ("init_from", "model", "seed", "task")
 
 
 def run_identity(config) -> dict[str, str]:

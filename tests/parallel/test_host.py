@@ -3,12 +3,16 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from runlocal_helpers import run_binary, subprocess_env
 
 from jaxrl_post.parallel import host
+
+ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = """
 import os, jax
@@ -53,3 +57,22 @@ def test_data_mesh_puts_every_device_on_the_first_axis():
   assert mesh.axis_names == ("data", "fsdp", "tensor")
   assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 1}
   np.testing.assert_array_equal(mesh.devices.ravel(), np.asarray(jax.devices()[:4]))
+
+
+def test_configure_cpu_devices_keeps_the_default_at_zero_and_names_the_key():
+  assert host.configure_cpu_devices(0) == 0
+  with pytest.raises(ValueError, match=r"config.mesh.cpu_devices=-2"):
+    host.configure_cpu_devices(-2)
+  jax.devices()  # the session's backend: 8 multi-threaded fake devices
+  with pytest.raises(ValueError, match=r"config.mesh.cpu_devices=2 asks for 2 .* already started"):
+    host.configure_cpu_devices(2)
+
+
+def test_a_binary_runs_on_one_device_per_core(tmp_path):
+  """`config.mesh.cpu_devices=2` with the devices on `data`: the loop sets the layout up before
+  JAX starts, and the step's rows go over both devices."""
+  result = run_binary("grpo.py", str(ROOT / "configs" / "grpo_arith.py:runlocal"),
+                      tmp_path / "run", subprocess_env(tmp_path / "cache"), "--config.steps=2",
+                      "--config.mesh.cpu_devices=2", "--config.mesh.ici_data=-1",
+                      "--config.mesh.ici_fsdp=1")
+  assert "trainer mesh {'data': 2, 'fsdp': 1, 'tensor': 1}" in result.stderr

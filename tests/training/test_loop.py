@@ -64,6 +64,9 @@ def test_resuming_another_runs_checkpoint_fails_naming_the_key(tmp_path):
   with pytest.raises(ValueError,
                      match="config.init_from='.*elsewhere' \\(the checkpoint's run: ''"):
     loop.train(other, tmp_path, Regression(other))
+  other = regression_config(steps=4, task="another_task")
+  with pytest.raises(ValueError, match="config.task='another_task' \\(the checkpoint's run: ''"):
+    loop.train(other, tmp_path, Regression(other))
   # More steps (or any other key) resume as before.
   more = regression_config(steps=4)
   method = Regression(more)
