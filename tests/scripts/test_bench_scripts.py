@@ -143,3 +143,19 @@ def test_bench_multi_lora_counts_the_base_once():
   assert one["resident_bytes"] == single["resident_bytes"]
   assert two["resident_bytes"] == single["resident_bytes"] + single["state_bytes"]
   assert 0.5 < ratio["vs_single_lora_runs"] < 1 and ratio["tenants"] == 2
+
+
+def test_device_checks_script_passes_valid_flags_to_every_step(tmp_path):
+  """scripts/device_checks.sh (the one command for a GPU lease): every step's flags parse at the
+  GPU sizes, and nothing is written but the three files the device tool brings back. (Its
+  `tiny` mode runs the same steps end to end on CPU in ≈ 2 minutes; not run here.)"""
+  result = subprocess.run(["bash", str(ROOT / "scripts" / "device_checks.sh"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+                          env=dict(os.environ, CHECK_ARGS="1", PYTHON=sys.executable,
+                                   XLA_FLAGS=""))
+  assert result.returncode == 0, result.stderr[-2000:]
+  summary = (tmp_path / "summary.txt").read_text()
+  for step in ("update16", "sampler", "sampler256", "long_tail", "sampler1p7b", "update4"):
+    assert f"{step} rc=0" in summary, summary
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["logs.txt", "results.jsonl",
+                                                         "summary.txt"]
