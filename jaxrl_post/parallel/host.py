@@ -27,6 +27,13 @@ from jaxrl_post.parallel import mesh as mesh_lib
 _SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (`os.sched_getaffinity` where available)."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
 def use_one_cpu_device_per_core(num_devices: int | None = None) -> int:
   """Makes the CPU backend start with `num_devices` single-threaded devices.
 
@@ -46,8 +53,7 @@ def use_one_cpu_device_per_core(num_devices: int | None = None) -> int:
     ValueError: `num_devices < 1`.
   """
   if num_devices is None:
-    num_devices = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                   else os.cpu_count() or 1)
+    num_devices = usable_cores()
   if num_devices < 1:
     raise ValueError(f"num_devices must be >= 1, got {num_devices}")
   if xla_bridge.backends_are_initialized():
@@ -80,9 +86,7 @@ def configure_cpu_devices(num_devices: int, *, key: str = "config.mesh.cpu_devic
                      "or a device count")
   if num_devices == 0:
     return 0
-  wanted = (num_devices if num_devices > 0 else
-            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
-            os.cpu_count() or 1)
+  wanted = num_devices if num_devices > 0 else usable_cores()
   if not xla_bridge.backends_are_initialized():
     return use_one_cpu_device_per_core(wanted)
   have = jax.local_device_count("cpu")
