@@ -74,7 +74,7 @@ GROUPS = {
      ("care/true_accuracy", "rollouts' true accuracy"),
      ("care/hack_gap", "hack gap"))),
   ("rail",): (
-    "Rollout interventions (RAIL, the mixture's arithmetic)",
+    "Rollout interventions (RAIL; configs/rail.py's task)",
     (("rail", "rail_none", "RAIL vs GRPO (no extra rollouts)"),
      ("rail", "rail_heuristic", "RAIL's bandit vs the all-0/1 heuristic"),
      ("rail_heuristic", "rail_none", "heuristic vs GRPO"),
