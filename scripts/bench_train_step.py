@@ -27,11 +27,11 @@ update processes, `ModelConfig.flops_per_token(seq_len)` per token.
 
 Devices: by default XLA's own CPU layout, one device whose thread pool spans the
 cores. `--cpu_devices=N` (-1: one per core) splits the host into N single-threaded
-devices (`parallel.host.use_one_cpu_device_per_core`, the layout `bench_sampler.py`
-uses by default) and runs the step as the binaries run it on a mesh of those
-devices (`config.mesh` with `ici_data = N`: the policy born sharded, the sampler
-and the train step on that mesh, each device with its own rows); the matmul
-reference then runs on every device at once.
+devices (`parallel.host.configure_cpu_devices`, as `config.mesh.cpu_devices` does in
+the binaries; `bench_sampler.py`'s default layout) and runs the step as the binaries
+run it on a mesh of those devices (`config.mesh` with `ici_data = N`: the policy born
+sharded, the sampler and the train step on that mesh, each device with its own
+rows); the matmul reference then runs on every device at once.
 
 The reference engine (unless `--skip_trl`; needs `pip install trl`, which
 brings `transformers`, `torch`, `datasets`): TRL's `GRPOTrainer` on the same
@@ -226,8 +226,7 @@ def main(argv):
   config = _CONFIG.value
   mesh, rules, sample_rules = None, DEFAULT_RULES, DEFAULT_RULES
   if _CPU_DEVICES.value:
-    devices = host.use_one_cpu_device_per_core(
-      None if _CPU_DEVICES.value < 0 else _CPU_DEVICES.value)
+    devices = host.configure_cpu_devices(_CPU_DEVICES.value, key="--cpu_devices")
     # The mesh the binaries would build for `config.mesh.ici_data = devices` (the trainer's;
     # the sampler shares it, as in a colocated run).
     with config.unlocked():
