@@ -113,15 +113,11 @@ def _ours(model, prompts: np.ndarray, n: int, mesh) -> Callable[[], dict[str, fl
     return sampler.generate(state, prompts.tolist(), n_samples_per_prompt=n, max_new_tokens=t,
                             rng=jax.random.key(1)).completion_tokens.block_until_ready()
 
-  first = {}
-
   def one_round():
     ttft, start = _timed(prefill)
     decode_s, _ = _timed(decode, start)  # timed on its own: a fresh prefill, the cache is donated
     total, _ = _timed(generate)
-    if not first:  # the warm-up round: each program's first call, compilation included
-      first.update(first_call_s=ttft + decode_s, first_generate_s=total)
-    return dict(ttft_s=ttft, decode_s=decode_s, total_s=total, **first)
+    return dict(ttft_s=ttft, decode_s=decode_s, total_s=total)
 
   return one_round
 
@@ -236,20 +232,17 @@ def _long_tail(config, mesh, common: dict) -> None:
     return dict(lengths=np.asarray(rollout.lengths), steps=stats["steps"],
                 passes=stats["passes"])
 
-  first_calls = {}
-
-  def timed(engine, fn):
+  def timed(fn):
     def one_round():
       seconds, out = _timed(fn)
-      first_calls.setdefault(engine, seconds)  # the warm-up round, compilation included
       lengths = out.pop("lengths")
       return dict(total_s=seconds, tokens=int(lengths.sum()), mean_length=float(lengths.mean()),
                   max_length=int(lengths.max()), **out)
     return one_round
 
-  runs = {}
-  timings = _interleaved({"static": timed("static", static_round),
-                          "continuous": timed("continuous", continuous_round)}, runs)
+  runs, warm_up = {}, {}
+  timings = _interleaved({"static": timed(static_round),
+                          "continuous": timed(continuous_round)}, runs, warm_up)
   load = os.getloadavg()
   shared = dict(common, rows=rows, slots=slots, cache_slots_per_row=_PROMPT_LEN.value + cap,
                 mean_length_target=_LT_MEAN.value, cap=cap, admit_size=admit,
@@ -258,7 +251,8 @@ def _long_tail(config, mesh, common: dict) -> None:
   for engine, t in timings.items():
     rates[engine] = t["tokens"] / t["total_s"]
     print(json.dumps(dict(what="sampler_long_tail", engine=engine, **shared, **t,
-                          tokens_per_s=rates[engine], first_call_s=first_calls[engine])),
+                          tokens_per_s=rates[engine],
+                          first_call_s=warm_up[engine]["total_s"])),
           flush=True)
   # Rounds i of the two engines ran back to back: their ratio sees the same host.
   per_round = [(c["tokens"] / c["total_s"]) / (s["tokens"] / s["total_s"])
@@ -268,16 +262,18 @@ def _long_tail(config, mesh, common: dict) -> None:
                         speedup_per_round=per_round)), flush=True)
 
 
-def _interleaved(rounds: dict[str, Callable[[], dict]],
-                 every_round: dict | None = None) -> dict[str, dict[str, float]]:
+def _interleaved(rounds: dict[str, Callable[[], dict]], every_round: dict | None = None,
+                 warm_up: dict | None = None) -> dict[str, dict[str, float]]:
   """Per engine, the median of every timing (`*_s`) over `--repeats` rounds after a warm-up.
 
   The engines alternate round by round, so that a drift of the host's speed (±20 % within
   minutes on a shared VM) falls on both and cancels in their ratio. `every_round`, if
-  given, receives each engine's list of rounds.
+  given, receives each engine's list of rounds; `warm_up` each engine's warm-up round (its
+  programs' first calls, compilation included).
   """
-  for one_round in rounds.values():
-    one_round()
+  first = {name: one_round() for name, one_round in rounds.items()}
+  if warm_up is not None:
+    warm_up.update(first)
   results = {name: [] for name in rounds}
   for _ in range(_REPEATS.value):
     for name, one_round in rounds.items():
@@ -326,10 +322,14 @@ def main(argv):
     rounds = {"jaxrl_post": _ours(model, prompts, n, mesh)}
     if not _SKIP_HF.value:
       rounds["transformers"] = _transformers(config, prompts, n)
-    timings = _interleaved(rounds)
+    warm_up = {}
+    timings = _interleaved(rounds, warm_up=warm_up)
     rows = prompts_count * n
     # We prefill each prompt once; transformers prefills its n expanded copies.
-    ours = _rates(timings["jaxrl_post"], prompts.size, rows)
+    first = warm_up["jaxrl_post"]
+    ours = dict(_rates(timings["jaxrl_post"], prompts.size, rows),
+                first_call_s=first["ttft_s"] + first["decode_s"],
+                first_generate_s=first["total_s"])
     row = dict(what="sampler", engine="jaxrl_post", case=case, **common, **ours)
     if jax.default_backend() == "gpu":
       # Each decode step reads every weight and the whole cache once.
